@@ -1,0 +1,445 @@
+/* mitaseg eval: mIoU, mAcc and aAcc of the model on labelled images. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "batch.h"
+#include "cli.h"
+#include "eval.h"
+
+static const char eval_help[] =
+    "usage: mitaseg eval --list FILE [options]\n"
+    "       mitaseg eval --images DIR --labels DIR [options]\n"
+    "\n"
+    "Runs the model on labelled images and accumulates one confusion matrix over\n"
+    "the whole set (pixels labelled with the model's ignore index are skipped),\n"
+    "then prints per-class IoU and accuracy and aAcc, mIoU, mAcc in percent.\n"
+    "Classes absent from both the labels and the predictions are left out of\n"
+    "mIoU; mAcc averages over the classes present in the labels.\n"
+    "\n"
+    "options:\n"
+    "  --list FILE             lines 'IMAGE LABEL', paths relative to FILE's folder\n"
+    "  --images DIR            images (PNG/JPEG, sub-folders included), paired with\n"
+    "  --labels DIR            labels of the same relative name with .png\n"
+    "  --json FILE             also write the metrics as JSON\n"
+    "  --limit N               only the first N pairs\n"
+    "  --tile SIZE             sliding windows, logits averaged (see segment --help)\n"
+    "  --overlap PX            overlap between windows (default SIZE/4)\n"
+    "  -q, --quiet             no progress line\n"
+    "  -h, --help              this help\n"
+    "\n"
+    "Labels are 8-bit grey or palette PNGs holding class ids, of the image's size.\n"
+    "A pair that cannot be read is reported and left out; the exit status is then 1.\n"
+    "\n";
+
+typedef struct {
+    char *image, *label; /* owned */
+} pair;
+
+typedef struct {
+    pair *p;
+    int n, cap;
+} pair_list;
+
+static void pairs_free(pair_list *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        free(l->p[i].image);
+        free(l->p[i].label);
+    }
+    free(l->p);
+}
+
+static char *join(const char *dir, const char *rel)
+{
+    if (rel[0] == '/' || !dir || !*dir) return strdup(rel);
+    size_t ld = strlen(dir);
+    char *s = malloc(ld + strlen(rel) + 2);
+    if (s) sprintf(s, "%s%s%s", dir, dir[ld - 1] == '/' ? "" : "/", rel);
+    return s;
+}
+
+static int pairs_push(pair_list *l, char *image, char *label)
+{
+    if (!image || !label) goto oom;
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 256;
+        pair *p = realloc(l->p, (size_t)cap * sizeof *p);
+        if (!p) goto oom;
+        l->p = p;
+        l->cap = cap;
+    }
+    l->p[l->n].image = image;
+    l->p[l->n++].label = label;
+    return 0;
+oom:
+    free(image);
+    free(label);
+    cli_error("out of memory");
+    return 1;
+}
+
+static int read_list(pair_list *l, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        cli_error("%s: %s", path, strerror(errno));
+        return 1;
+    }
+    char *dir = strdup(path);
+    if (!dir) { fclose(f); cli_error("out of memory"); return 1; }
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[slash == dir ? 1 : 0] = '\0';
+    else dir[0] = '\0';
+    char *line = NULL;
+    size_t cap = 0;
+    long lineno = 0;
+    int rc = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        lineno++;
+        char *save, *img = strtok_r(line, " \t\r\n", &save);
+        if (!img || img[0] == '#') continue;
+        char *lab = strtok_r(NULL, " \t\r\n", &save);
+        if (!lab || strtok_r(NULL, " \t\r\n", &save)) {
+            cli_error("%s:%ld: expected 'IMAGE LABEL'", path, lineno);
+            rc = 2;
+            break;
+        }
+        if ((rc = pairs_push(l, join(dir, img), join(dir, lab))) != 0) break;
+    }
+    free(line);
+    free(dir);
+    fclose(f);
+    if (!rc && l->n == 0) {
+        cli_error("%s: no 'IMAGE LABEL' lines", path);
+        rc = 2;
+    }
+    return rc;
+}
+
+/* Images below images_dir paired with labels_dir/<same relative name>.png
+ * (or the same name as is, when that exists). */
+static int pair_dirs(pair_list *l, const char *images_dir, const char *labels_dir)
+{
+    ms_batch_list bl;
+    batch_list_init(&bl);
+    if (batch_add_path(&bl, images_dir, true) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        batch_list_free(&bl);
+        return 1;
+    }
+    batch_sort_unique(&bl);
+    int rc = 0;
+    for (int i = 0; i < bl.n && !rc; i++) {
+        char *lab = NULL;
+        if (batch_output_path(&lab, labels_dir, bl.items[i].rel, ".png") != MS_OK) {
+            cli_error("%s", ms_last_error());
+            rc = 1;
+            break;
+        }
+        struct stat sb;
+        if (stat(lab, &sb) != 0) {
+            char *same = join(labels_dir, bl.items[i].rel);
+            if (same && stat(same, &sb) == 0) {
+                free(lab);
+                lab = same;
+            } else {
+                free(same);
+            }
+        }
+        rc = pairs_push(l, strdup(bl.items[i].path), lab);
+    }
+    batch_list_free(&bl);
+    if (!rc && l->n == 0) {
+        cli_error("%s: no images", images_dir);
+        rc = 2;
+    }
+    return rc;
+}
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct {
+    ms_engine *e;
+    ms_result *res;
+    const ms_run_options *opt;
+} tile_ctx;
+
+static ms_status run_crop(void *vctx, const float **logits, const uint8_t *crop, int cw, int ch)
+{
+    tile_ctx *c = vctx;
+    ms_image img = {.w = cw, .h = ch, .rgb = (uint8_t *)crop}; /* engine_run only reads it */
+    MS_TRY(engine_run(c->e, c->res, &img, c->opt));
+    *logits = c->res->logits;
+    return MS_OK;
+}
+
+/* One pair into the matrix. */
+static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8_t **mask,
+                           size_t *mask_cap, const pair *p, const ms_run_options *opt, int tile,
+                           int overlap, double *ms_engine_total)
+{
+    ms_image img = {0};
+    uint8_t *lab = NULL;
+    int lw, lh;
+    ms_status st = image_read(&img, p->image);
+    if (st != MS_OK) return st;
+    st = image_read_label(&lab, &lw, &lh, p->label);
+    if (st == MS_OK && (lw != img.w || lh != img.h))
+        st = ms_error(MS_ERR_FORMAT, "%s: label is %dx%d but its image %s is %dx%d", p->label,
+                      lw, lh, p->image, img.w, img.h);
+    if (st == MS_OK) {
+        const uint8_t *pred;
+        double t0 = now_s();
+        if (tile > 0) {
+            size_t n = (size_t)img.w * img.h;
+            if (n > *mask_cap) {
+                free(*mask);
+                *mask = malloc(n);
+                *mask_cap = *mask ? n : 0;
+            }
+            if (!*mask) {
+                st = ms_error(MS_ERR_OOM, "out of memory: a %dx%d mask", img.w, img.h);
+            } else {
+                tile_ctx c = {e, res, opt};
+                st = batch_run_tiled(*mask, NULL, img.rgb, img.w, img.h,
+                                     engine_config(e)->n_classes, tile, overlap, run_crop, &c);
+            }
+            pred = *mask;
+        } else {
+            st = engine_run(e, res, &img, opt);
+            pred = res->mask;
+            if (st == MS_OK && (res->w != img.w || res->h != img.h))
+                st = ms_error(MS_ERR_ARG, "engine returned %dx%d for a %dx%d image", res->w,
+                              res->h, img.w, img.h);
+        }
+        *ms_engine_total += (now_s() - t0) * 1e3;
+        if (st == MS_OK) confusion_add(cm, lab, pred, (size_t)img.w * img.h);
+    }
+    free(lab);
+    image_free(&img);
+    return st;
+}
+
+static void print_pct(double v)
+{
+    if (isnan(v)) printf(" %7s", "-");
+    else printf(" %7.2f", 100.0 * v);
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    cli_engine_args ea;
+    cli_engine_args_init(&ea);
+    const char *list = NULL, *images = NULL, *labels = NULL, *json = NULL;
+    int tile = 0, overlap = -1, limit = 0;
+    bool quiet = false;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            fputs(eval_help, stdout);
+            fputs(cli_engine_help, stdout);
+            return 0;
+        }
+        int k = cli_parse_engine_arg(&ea, argc, argv, &i);
+        if (k < 0) return 2;
+        if (k > 0) continue;
+        if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) { quiet = true; continue; }
+        static const char *const valued[] = {"--list", "--images", "--labels", "--json",
+                                             "--tile", "--overlap", "--limit", NULL};
+        bool known = false;
+        for (int q = 0; valued[q]; q++) known |= !strcmp(o, valued[q]);
+        if (!known) {
+            cli_error("eval: unexpected argument '%s' (see mitaseg eval --help)", o);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            cli_error("eval: %s needs a value", o);
+            return 2;
+        }
+        const char *v = argv[++i];
+        char *end;
+        long n = 0;
+        if (!strcmp(o, "--tile") || !strcmp(o, "--overlap") || !strcmp(o, "--limit")) {
+            errno = 0;
+            n = strtol(v, &end, 10);
+            if (errno || end == v || *end || n < 0 || n > INT_MAX ||
+                (!strcmp(o, "--tile") && n < 16) || (!strcmp(o, "--limit") && n < 1)) {
+                cli_error("eval: %s: bad value '%s'", o, v);
+                return 2;
+            }
+        }
+        if (!strcmp(o, "--list")) list = v;
+        else if (!strcmp(o, "--images")) images = v;
+        else if (!strcmp(o, "--labels")) labels = v;
+        else if (!strcmp(o, "--json")) json = v;
+        else if (!strcmp(o, "--tile")) tile = (int)n;
+        else if (!strcmp(o, "--overlap")) overlap = (int)n;
+        else if (!strcmp(o, "--limit")) limit = (int)n;
+    }
+    if (!list == !(images || labels) || (!list && !(images && labels))) {
+        cli_error("eval: give either --list FILE or both --images DIR and --labels DIR "
+                  "(see mitaseg eval --help)");
+        return 2;
+    }
+    if (overlap >= 0 && !tile) {
+        cli_error("eval: --overlap needs --tile");
+        return 2;
+    }
+    if (tile && overlap < 0) overlap = tile / 4;
+    if (tile && overlap >= tile) {
+        cli_error("eval: --overlap %d must be smaller than --tile %d", overlap, tile);
+        return 2;
+    }
+
+    pair_list pl = {0};
+    int rc = list ? read_list(&pl, list) : pair_dirs(&pl, images, labels);
+    if (rc) {
+        pairs_free(&pl);
+        return rc;
+    }
+    int n_all = limit && limit < pl.n ? limit : pl.n;
+
+    ms_engine *e;
+    if (cli_open_engine(&e, &ea, quiet)) {
+        pairs_free(&pl);
+        return 1;
+    }
+    const ms_config *cfg = engine_config(e);
+    ms_confusion cm;
+    if (confusion_init(&cm, cfg->n_classes, cfg->ignore_index) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        engine_free(e);
+        pairs_free(&pl);
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    ms_result res;
+    memset(&res, 0, sizeof res);
+    uint8_t *mask = NULL;
+    size_t mask_cap = 0;
+    int failed = 0, done = 0;
+    double ms_engine_total = 0, t0 = now_s(), last = 0;
+    bool tty = isatty(STDERR_FILENO);
+    for (int i = 0; i < n_all && !g_stop; i++) {
+        if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &ea.run, tile, overlap,
+                      &ms_engine_total) != MS_OK) {
+            if (tty && !quiet) fputs("\r\033[K", stderr);
+            const char *msg = ms_last_error();
+            size_t li = strlen(pl.p[i].image), ll = strlen(pl.p[i].label);
+            bool named = (!strncmp(msg, pl.p[i].image, li) && msg[li] == ':') ||
+                         (!strncmp(msg, pl.p[i].label, ll) && msg[ll] == ':');
+            if (named) cli_error("%s", msg);
+            else cli_error("%s: %s", pl.p[i].image, msg);
+            failed++;
+        } else {
+            done++;
+        }
+        double el = now_s() - t0;
+        if (!quiet && (tty || el - last >= 5.0)) {
+            double rate = el > 0 ? (i + 1) / el : 0;
+            double eta = rate > 0 ? (n_all - i - 1) / rate : 0;
+            fprintf(stderr, "%s%d/%d images, %.2f images/s, ETA %d:%02d%s", tty ? "\r\033[K" : "mitaseg: ",
+                    i + 1, n_all, rate, (int)eta / 60, (int)eta % 60, tty ? "" : "\n");
+            fflush(stderr);
+            last = el;
+        }
+    }
+    if (tty && !quiet) fputs("\r\033[K", stderr);
+    double el = now_s() - t0;
+
+    ms_metrics m;
+    rc = 0;
+    if (metrics_compute(&m, &cm) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        rc = 1;
+        goto out;
+    }
+    const char *model = cli_model_path(&ea);
+    printf("model: %s\n", model);
+    printf("device: %s, attention: %s", res.device_name[0] ? res.device_name : "-",
+           res.attention == MS_ATTN_MITA ? "mita" : "full");
+    if (res.attention == MS_ATTN_MITA && done) printf(" (landmarks %dx%d, k %d)", res.gh, res.gw, res.k);
+    if (tile) printf(", tiles %d overlap %d", tile, overlap);
+    printf("\n\n%-24s %7s %7s\n", "class", "IoU", "Acc");
+    for (int k = 0; k < cfg->n_classes; k++) {
+        printf("%-24s", cfg->class_names[k]);
+        print_pct(m.iou[k]);
+        print_pct(m.acc[k]);
+        printf("\n");
+    }
+    printf("\n%-24s", "aAcc");
+    print_pct(m.aacc);
+    printf("\n%-24s", "mIoU");
+    print_pct(m.miou);
+    printf("\n%-24s", "mAcc");
+    print_pct(m.macc);
+    printf("\n\n%d image%s evaluated%s", done, done == 1 ? "" : "s",
+           g_stop ? " (interrupted)" : "");
+    if (failed) printf(", %d failed", failed);
+    printf(" in %.1f s (%.2f images/s; model %.1f ms/image)\n", el, el > 0 ? done / el : 0.0,
+           done ? ms_engine_total / done : 0.0);
+    if (cm.out_of_range)
+        cli_error("warning: %llu labelled pixels hold values >= %d classes (not the ignore "
+                  "index); they were skipped", (unsigned long long)cm.out_of_range, cfg->n_classes);
+    if (json) {
+        char imgs[32], fl[32], secs[32], mspi[32], lm[32], topk[32];
+        snprintf(imgs, sizeof imgs, "%d", done);
+        snprintf(fl, sizeof fl, "%d", failed);
+        snprintf(secs, sizeof secs, "%.3f", el);
+        snprintf(mspi, sizeof mspi, "%.3f", done ? ms_engine_total / done : 0.0);
+        snprintf(lm, sizeof lm, "%dx%d", res.gh, res.gw);
+        snprintf(topk, sizeof topk, "%d", res.k);
+        char tiles[32];
+        snprintf(tiles, sizeof tiles, "%d", tile);
+        bool mita = res.attention == MS_ATTN_MITA && done;
+        const char *meta[] = {"model", model,
+                              "source", list ? list : images,
+                              "device", res.device_name,
+                              "attention", res.attention == MS_ATTN_MITA ? "mita" : "full",
+                              "images", imgs, "failed", fl, "seconds", secs,
+                              "ms_per_image", mspi,
+                              "interrupted", g_stop ? "yes" : "no", "tile", tiles,
+                              /* MiTA facts last: NULL ends the list for full attention */
+                              mita ? "landmarks" : NULL, lm, "topk", topk, NULL};
+        if (metrics_write_json(json, &m, &cm, (const char(*)[64])cfg->class_names, meta) != MS_OK) {
+            cli_error("%s", ms_last_error());
+            rc = 1;
+        }
+    }
+    metrics_free(&m);
+    if (!rc) rc = g_stop ? 130 : (failed || done == 0) ? 1 : 0;
+out:
+    confusion_free(&cm);
+    free(mask);
+    result_free(&res);
+    engine_free(e);
+    pairs_free(&pl);
+    return rc;
+}

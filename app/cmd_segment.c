@@ -1,0 +1,885 @@
+/* mitaseg segment: images in, one PNG mask per image out.
+ *
+ * Three threads: a reader decodes the next images, the main thread runs the
+ * engine, a writer encodes and writes finished masks, joined by two small
+ * bounded queues, so PNG/JPEG work overlaps the model's. The writer is the
+ * only thread that prints while the pipeline runs (errors, progress). */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "batch.h"
+#include "cli.h"
+#include "model_file.h"
+
+#ifdef MS_HAVE_VIEWER
+#include "viz/render.h"
+#endif
+
+/* --heatmaps canvas: the viewer's strip view at a fixed size, so files from
+ * one run line up. */
+enum { HEAT_W = 1600, HEAT_H = 900 };
+
+static const char segment_help[] =
+    "usage: mitaseg segment INPUT... -o DIR [options]\n"
+    "\n"
+    "Writes one mask per image under DIR, at the image's size, with the image's\n"
+    "base name and .png. INPUT is an image file (PNG or JPEG), a folder (its\n"
+    "images; sub-folders with -r, mirrored under DIR), or - to read paths from\n"
+    "standard input, one a line.\n"
+    "\n"
+    "inputs and outputs:\n"
+    "  -o, --output DIR        where masks go (created if needed)\n"
+    "  -r, --recursive         descend into sub-folders of folder inputs\n"
+    "  --list FILE             paths one a line; relative paths are relative to\n"
+    "                          FILE's folder (repeatable). Lines and - inputs that\n"
+    "                          are relative paths keep their sub-folders under DIR.\n"
+    "  --format index|label|color\n"
+    "                          index (default): 8-bit palette PNG, pixel = class id,\n"
+    "                          palette = the model's colours; label: 8-bit grey class\n"
+    "                          ids; color: RGB class colours\n"
+    "  --overlay               also write NAME.overlay.png (image 50% class colour)\n"
+    "  --heatmaps              also write NAME.heatmaps.png (per-layer expert strip)\n"
+    "  --skip-existing         skip images whose outputs all exist (resume a run;\n"
+    "                          outputs appear only when complete, via temp + rename)\n"
+    "  --dump FILE             (one image) also write the engine's logits, mask and\n"
+    "                          MiTA selections as safetensors; -o is then optional\n"
+    "\n"
+    "large images:\n"
+    "  --tile SIZE             run SIZExSIZE windows of the input image (each\n"
+    "                          resized by the model like a whole image) and average\n"
+    "                          the logits where they overlap; by default a large\n"
+    "                          image is resized to the model's working size, never\n"
+    "                          cropped\n"
+    "  --overlap PX            overlap between windows (default SIZE/4)\n"
+    "\n"
+    "scale and throughput:\n"
+    "  --shard I/N             process only the sorted inputs at positions p with\n"
+    "                          p % N == I-1 (I is 1-based); N processes given the\n"
+    "                          same inputs split them without overlap\n"
+    "  --batch B               images in flight (decode ahead, write behind); the\n"
+    "                          engine runs them back-to-back, one forward pass each\n"
+    "  --devices LIST          GPU ids (one per process in this build; use --shard\n"
+    "                          for several GPUs)\n"
+    "  -q, --quiet             no progress and no summary (errors still printed)\n"
+    "\n"
+    "Inputs are never overwritten: an output that would replace an input is an\n"
+    "error for that image. A file that cannot be read is reported on one line\n"
+    "(\"mitaseg: PATH: reason\") and the run goes on. Exit status: 0 all done, 1 some\n"
+    "failed, 2 usage error, 130 interrupted (finished outputs are kept; Ctrl-C\n"
+    "again stops at once).\n"
+    "\n";
+
+typedef enum { FMT_INDEX, FMT_LABEL, FMT_COLOR } out_format;
+
+typedef struct {
+    cli_engine_args eng;
+    const char *out_dir;
+    out_format format;
+    bool overlay, heatmaps, recursive, skip_existing, quiet, read_stdin;
+    const char *dump;
+    int tile, overlap;
+    int shard_i, shard_n;
+    int batch;
+    const char **inputs;  /* (n_inputs) */
+    int n_inputs;
+    const char **lists;   /* (n_lists) */
+    int n_lists;
+} seg_args;
+
+/* ---- signals ---- */
+
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1; /* SA_RESETHAND: a second Ctrl-C ends the process at once */
+}
+
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART; /* file writes are not cut short */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ---- jobs and queues ---- */
+
+typedef enum { JOB_RUN, JOB_SKIP, JOB_FAIL } job_kind;
+
+typedef struct {
+    int item;               /* index into the full list */
+    job_kind kind;
+    char *error;            /* JOB_FAIL: the reason (owned) */
+    ms_image img;           /* decoded input (kept for --overlay/--heatmaps) */
+    uint8_t *mask;          /* (h, w) */
+    ms_result *rec;         /* --heatmaps: the engine's record (owned) */
+} job;
+
+typedef struct {
+    job **q;                /* (cap) ring */
+    int cap, head, count;
+    bool closed;
+    pthread_mutex_t mu;
+    pthread_cond_t can_put, can_get;
+} job_queue;
+
+static int queue_init(job_queue *jq, int cap)
+{
+    memset(jq, 0, sizeof *jq);
+    jq->q = calloc((size_t)cap, sizeof *jq->q);
+    if (!jq->q) return -1;
+    jq->cap = cap;
+    pthread_mutex_init(&jq->mu, NULL);
+    pthread_cond_init(&jq->can_put, NULL);
+    pthread_cond_init(&jq->can_get, NULL);
+    return 0;
+}
+
+static void queue_free(job_queue *jq)
+{
+    pthread_mutex_destroy(&jq->mu);
+    pthread_cond_destroy(&jq->can_put);
+    pthread_cond_destroy(&jq->can_get);
+    free(jq->q);
+}
+
+static void queue_put(job_queue *jq, job *j)
+{
+    pthread_mutex_lock(&jq->mu);
+    while (jq->count == jq->cap) pthread_cond_wait(&jq->can_put, &jq->mu);
+    jq->q[(jq->head + jq->count++) % jq->cap] = j;
+    pthread_cond_signal(&jq->can_get);
+    pthread_mutex_unlock(&jq->mu);
+}
+
+/* NULL once closed and drained. */
+static job *queue_get(job_queue *jq)
+{
+    pthread_mutex_lock(&jq->mu);
+    while (jq->count == 0 && !jq->closed) pthread_cond_wait(&jq->can_get, &jq->mu);
+    job *j = NULL;
+    if (jq->count) {
+        j = jq->q[jq->head];
+        jq->head = (jq->head + 1) % jq->cap;
+        jq->count--;
+        pthread_cond_signal(&jq->can_put);
+    }
+    pthread_mutex_unlock(&jq->mu);
+    return j;
+}
+
+static void queue_close(job_queue *jq)
+{
+    pthread_mutex_lock(&jq->mu);
+    jq->closed = true;
+    pthread_cond_broadcast(&jq->can_get);
+    pthread_mutex_unlock(&jq->mu);
+}
+
+static void job_free(job *j)
+{
+    if (!j) return;
+    free(j->error);
+    image_free(&j->img);
+    free(j->mask);
+    if (j->rec) {
+        result_free(j->rec);
+        free(j->rec);
+    }
+    free(j);
+}
+
+static char *fmt_dup(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt_dup(const char *fmt, ...)
+{
+    va_list ap, ap2;
+    va_start(ap, fmt);
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s) vsnprintf(s, (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return s;
+}
+
+static void job_fail(job *j, const char *msg)
+{
+    j->kind = JOB_FAIL;
+    free(j->error);
+    j->error = fmt_dup("%s", msg);
+}
+
+/* ---- the plan: every input's outputs, decided before anything runs ---- */
+
+enum { OUT_MASK, OUT_OVERLAY, OUT_HEAT, N_OUT };
+static const char *const out_suffix[N_OUT] = {".png", ".overlay.png", ".heatmaps.png"};
+
+typedef struct {
+    ms_batch_list list;
+    char **out;             /* (list.n, N_OUT), NULL where not requested */
+    char **plan_error;      /* (list.n) reason this input will not run, or NULL */
+    int *order;             /* (n_todo) items of this shard, in list order */
+    int n_todo;
+} seg_plan;
+
+static void plan_free(seg_plan *p)
+{
+    for (int i = 0; i < p->list.n; i++) {
+        if (p->out)
+            for (int k = 0; k < N_OUT; k++) free(p->out[i * N_OUT + k]);
+        if (p->plan_error) free(p->plan_error[i]);
+    }
+    free(p->out);
+    free(p->plan_error);
+    free(p->order);
+    batch_list_free(&p->list);
+}
+
+/* ---- shared state of one run ---- */
+
+typedef struct {
+    const seg_args *a;
+    seg_plan *plan;
+    const ms_config *cfg;
+    job_queue read_q, write_q;
+    /* writer-owned counters */
+    int done, failed, skipped, total;
+    double t0;
+    double last_line;
+    bool tty;
+#ifdef MS_HAVE_VIEWER
+    viz_font *font;         /* --heatmaps labels; NULL: none */
+#endif
+    bool bar_shown;
+} seg_run;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void fmt_eta(char *buf, size_t n, double s)
+{
+    if (!(s >= 0) || s > 359999) {
+        snprintf(buf, n, "--:--");
+        return;
+    }
+    int t = (int)(s + 0.5);
+    if (t >= 3600) snprintf(buf, n, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, n, "%d:%02d", t / 60, t % 60);
+}
+
+static void clear_bar(seg_run *r)
+{
+    if (r->bar_shown) {
+        fputs("\r\033[K", stderr);
+        r->bar_shown = false;
+    }
+}
+
+static void show_progress(seg_run *r, bool final)
+{
+    if (r->a->quiet) return;
+    int processed = r->done + r->failed + r->skipped;
+    double el = now_s() - r->t0;
+    int worked = r->done + r->failed;
+    double rate = el > 0 ? worked / el : 0;
+    char eta[32];
+    fmt_eta(eta, sizeof eta, rate > 0 ? (r->total - processed) / rate : -1);
+    if (r->tty) {
+        int width = 30, fill = r->total ? (int)((long)width * processed / r->total) : width;
+        char bar[64];
+        for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        fprintf(stderr, "\r\033[K[%s] %d/%d  %.1f images/s  ETA %s", bar, processed, r->total,
+                rate, eta);
+        r->bar_shown = true;
+        if (final) clear_bar(r);
+        fflush(stderr);
+    } else if (!final && (el - r->last_line >= 5.0)) {
+        /* Logs: a line every 5 s, not one per image. */
+        fprintf(stderr, "mitaseg: %d/%d images, %.1f images/s, ETA %s\n", processed, r->total,
+                rate, eta);
+        r->last_line = el;
+    }
+}
+
+static void report_error(seg_run *r, const char *path, const char *msg)
+{
+    clear_bar(r);
+    /* Library messages about a file already start with its path. */
+    size_t lp = strlen(path);
+    if (!strncmp(msg, path, lp) && msg[lp] == ':') fprintf(stderr, "mitaseg: %s\n", msg);
+    else fprintf(stderr, "mitaseg: %s: %s\n", path, msg);
+}
+
+/* ---- reader ---- */
+
+static bool outputs_done(const seg_plan *p, int item)
+{
+    for (int k = 0; k < N_OUT; k++) {
+        const char *o = p->out[item * N_OUT + k];
+        if (o && !batch_output_done(o)) return false;
+    }
+    return true;
+}
+
+static void *reader_main(void *arg)
+{
+    seg_run *r = arg;
+    seg_plan *p = r->plan;
+    for (int t = 0; t < p->n_todo && !g_stop; t++) {
+        int it = p->order[t];
+        job *j = calloc(1, sizeof *j);
+        if (!j) break; /* out of memory: stop feeding; the main thread ends cleanly */
+        j->item = it;
+        j->kind = JOB_RUN;
+        if (p->plan_error[it]) {
+            job_fail(j, p->plan_error[it]);
+        } else if (r->a->skip_existing && r->a->out_dir && outputs_done(p, it)) {
+            j->kind = JOB_SKIP;
+        } else if (image_read(&j->img, p->list.items[it].path) != MS_OK) {
+            job_fail(j, ms_last_error());
+        }
+        queue_put(&r->read_q, j);
+    }
+    queue_close(&r->read_q);
+    return NULL;
+}
+
+/* ---- writer ---- */
+
+static ms_status write_outputs(seg_run *r, job *j)
+{
+    const seg_plan *p = r->plan;
+    const ms_config *cfg = r->cfg;
+    int w = j->img.w, h = j->img.h;
+    size_t n = (size_t)w * h;
+    const char *mpath = p->out[j->item * N_OUT + OUT_MASK];
+    if (!mpath) return MS_OK; /* --dump only */
+    MS_TRY(batch_make_parent_dirs(mpath));
+    ms_status st = MS_OK;
+    uint8_t *rgb = NULL;
+    if (r->a->format == FMT_COLOR || r->a->overlay) {
+        rgb = malloc(n * 3);
+        MS_CHECK_ALLOC(rgb, n * 3);
+    }
+    switch (r->a->format) {
+    case FMT_INDEX:
+        st = image_write_indexed(mpath, j->mask, w, h, (const uint8_t(*)[3])cfg->palette,
+                                 cfg->n_classes);
+        break;
+    case FMT_LABEL:
+        st = image_write_gray(mpath, j->mask, w, h);
+        break;
+    case FMT_COLOR:
+        batch_colorize(rgb, j->mask, n, (const uint8_t(*)[3])cfg->palette, cfg->n_classes);
+        st = image_write_rgb(mpath, rgb, w, h);
+        break;
+    }
+    if (st == MS_OK && r->a->overlay) {
+        batch_blend(rgb, j->img.rgb, j->mask, n, (const uint8_t(*)[3])cfg->palette,
+                    cfg->n_classes);
+        st = image_write_rgb(p->out[j->item * N_OUT + OUT_OVERLAY], rgb, w, h);
+    }
+#ifdef MS_HAVE_VIEWER
+    if (st == MS_OK && r->a->heatmaps) {
+        viz_state vs;
+        viz_state_init(&vs);
+        vs.img = &j->img;
+        vs.res = j->rec;
+        vs.n_classes = cfg->n_classes;
+        vs.class_names = (const char(*)[MS_CLASS_NAME])cfg->class_names;
+        vs.palette = (const uint8_t(*)[3])cfg->palette;
+        vs.view = VIZ_STRIP;
+        vs.font = r->font;
+        vs.status = r->plan->list.items[j->item].path;
+        uint8_t *rgba = malloc((size_t)HEAT_W * HEAT_H * 4);
+        if (!rgba) {
+            st = ms_error(MS_ERR_OOM, "out of memory: a %dx%d heatmap canvas", HEAT_W, HEAT_H);
+        } else {
+            viz_render(rgba, HEAT_W, HEAT_H, &vs);
+            st = image_write_rgba(p->out[j->item * N_OUT + OUT_HEAT], rgba, HEAT_W, HEAT_H);
+            free(rgba);
+        }
+    }
+#endif
+    free(rgb);
+    return st;
+}
+
+static void *writer_main(void *arg)
+{
+    seg_run *r = arg;
+    job *j;
+    while ((j = queue_get(&r->write_q)) != NULL) {
+        const char *path = r->plan->list.items[j->item].path;
+        if (j->kind == JOB_SKIP) {
+            r->skipped++;
+        } else if (j->kind == JOB_FAIL) {
+            report_error(r, path, j->error ? j->error : "failed");
+            r->failed++;
+        } else if (write_outputs(r, j) != MS_OK) {
+            report_error(r, path, ms_last_error());
+            r->failed++;
+        } else {
+            r->done++;
+        }
+        job_free(j);
+        show_progress(r, false);
+    }
+    return NULL;
+}
+
+/* ---- engine ---- */
+
+typedef struct {
+    ms_engine *e;
+    ms_result *res;
+    const ms_run_options *opt;
+} tile_ctx;
+
+static ms_status run_crop(void *vctx, const float **logits, const uint8_t *crop, int cw, int ch)
+{
+    tile_ctx *c = vctx;
+    /* engine_run only reads the pixels */
+    ms_image img = {.w = cw, .h = ch, .rgb = (uint8_t *)crop};
+    MS_TRY(engine_run(c->e, c->res, &img, c->opt));
+    *logits = c->res->logits;
+    return MS_OK;
+}
+
+static ms_status segment_one(job *j, ms_engine *e, ms_result *res, const seg_args *a)
+{
+    size_t n = (size_t)j->img.w * j->img.h;
+    j->mask = malloc(n ? n : 1);
+    MS_CHECK_ALLOC(j->mask, n);
+    ms_run_options opt = a->eng.run;
+    opt.record = a->dump != NULL || a->heatmaps;
+    if (a->tile > 0) {
+        const ms_config *cfg = engine_config(e);
+        tile_ctx c = {e, res, &opt};
+        return batch_run_tiled(j->mask, NULL, j->img.rgb, j->img.w, j->img.h, cfg->n_classes,
+                               a->tile, a->overlap, run_crop, &c);
+    }
+    MS_TRY(engine_run(e, res, &j->img, &opt));
+    if (res->w != j->img.w || res->h != j->img.h)
+        return ms_error(MS_ERR_ARG, "engine returned a %dx%d mask for a %dx%d image", res->w,
+                        res->h, j->img.w, j->img.h);
+    memcpy(j->mask, res->mask, n);
+    if (a->dump) MS_TRY(result_write_dump(res, a->dump));
+    if (a->heatmaps) {
+        /* The viewer's strip needs the record after res is reused: hand it over. */
+        j->rec = malloc(sizeof *j->rec);
+        MS_CHECK_ALLOC(j->rec, sizeof *j->rec);
+        *j->rec = *res;
+        memset(res, 0, sizeof *res);
+    }
+    return MS_OK;
+}
+
+/* ---- argument parsing ---- */
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("mitaseg: segment: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(" (see mitaseg segment --help)\n", stderr);
+    va_end(ap);
+    return 2;
+}
+
+static bool parse_pos_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* --devices LIST: one id in this build; selects it via CUDA_VISIBLE_DEVICES
+ * (taking the id-th entry when that is already set). */
+static int apply_devices(seg_args *a, const char *list)
+{
+    int ids[64], n = 0;
+    const char *s = list;
+    while (*s) {
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > 1023 || (*end && *end != ',') || n == 64)
+            return usage_error("--devices: expected GPU ids like 0 or 0,1, got '%s'", list);
+        ids[n++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    if (n == 0) return usage_error("--devices: empty list");
+    int distinct = 1;
+    for (int i = 1; i < n; i++) {
+        bool seen = false;
+        for (int k = 0; k < i; k++) seen |= ids[k] == ids[i];
+        distinct += !seen;
+    }
+    if (distinct > 1) {
+        cli_error("segment: --devices %s: several GPUs in one process are not supported in this "
+                  "build; run one process per GPU, e.g. `mitaseg segment ... --devices 0 --shard "
+                  "1/2` and `--devices 1 --shard 2/2`", list);
+        return 2;
+    }
+    if (a->eng.eng.device == MS_DEV_CPU)
+        return usage_error("--devices and --device cpu contradict each other");
+    a->eng.eng.device = MS_DEV_CUDA;
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    char buf[64];
+    if (vis && *vis) {
+        /* ids count within the already visible devices */
+        const char *p = vis;
+        for (int k = 0; k < ids[0] && p; k++) {
+            p = strchr(p, ',');
+            if (p) p++;
+        }
+        if (!p || !*p) {
+            cli_error("segment: --devices %d: only devices %s are visible (CUDA_VISIBLE_DEVICES)",
+                      ids[0], vis);
+            return 2;
+        }
+        size_t len = strcspn(p, ",");
+        snprintf(buf, sizeof buf, "%.*s", (int)(len < 60 ? len : 60), p);
+    } else {
+        snprintf(buf, sizeof buf, "%d", ids[0]);
+    }
+    setenv("CUDA_VISIBLE_DEVICES", buf, 1);
+    return 0;
+}
+
+/* 0 on success, -1 after --help (exit 0), else the exit status. */
+static int parse_args(seg_args *a, int argc, char **argv)
+{
+    memset(a, 0, sizeof *a);
+    cli_engine_args_init(&a->eng);
+    a->format = FMT_INDEX;
+    a->overlap = -1;
+    a->batch = 1;
+    a->inputs = calloc((size_t)argc, sizeof *a->inputs);
+    a->lists = calloc((size_t)argc, sizeof *a->lists);
+    if (!a->inputs || !a->lists) {
+        cli_error("out of memory");
+        return 1;
+    }
+    const char *devices = NULL;
+    bool opts_done = false;
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (opts_done || o[0] != '-' || !strcmp(o, "-")) {
+            if (!opts_done && !strcmp(o, "-")) {
+                if (a->read_stdin) return usage_error("'-' given twice");
+                a->read_stdin = true;
+            } else {
+                a->inputs[a->n_inputs++] = o;
+            }
+            continue;
+        }
+        if (!strcmp(o, "--")) { opts_done = true; continue; }
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            fputs(segment_help, stdout);
+            fputs(cli_engine_help, stdout);
+            return -1;
+        }
+        int k = cli_parse_engine_arg(&a->eng, argc, argv, &i);
+        if (k < 0) return 2;
+        if (k > 0) continue;
+        /* flags */
+        if (!strcmp(o, "-r") || !strcmp(o, "--recursive")) { a->recursive = true; continue; }
+        if (!strcmp(o, "--overlay")) { a->overlay = true; continue; }
+        if (!strcmp(o, "--heatmaps")) { a->heatmaps = true; continue; }
+        if (!strcmp(o, "--skip-existing")) { a->skip_existing = true; continue; }
+        if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) { a->quiet = true; continue; }
+        /* options with a value */
+        static const char *const valued[] = {"-o", "--output", "--format", "--list", "--dump",
+                                             "--tile", "--overlap", "--shard", "--batch",
+                                             "--devices", NULL};
+        bool known = false;
+        for (int q = 0; valued[q]; q++) known |= !strcmp(o, valued[q]);
+        if (!known) return usage_error("unknown option '%s'", o);
+        if (i + 1 >= argc) return usage_error("%s needs a value", o);
+        const char *v = argv[++i];
+        if (!strcmp(o, "-o") || !strcmp(o, "--output")) {
+            if (!*v) return usage_error("-o: empty folder name");
+            a->out_dir = v;
+        } else if (!strcmp(o, "--format")) {
+            if (!strcmp(v, "index")) a->format = FMT_INDEX;
+            else if (!strcmp(v, "label")) a->format = FMT_LABEL;
+            else if (!strcmp(v, "color") || !strcmp(v, "colour")) a->format = FMT_COLOR;
+            else return usage_error("--format: expected index, label or color, got '%s'", v);
+        } else if (!strcmp(o, "--list")) {
+            a->lists[a->n_lists++] = v;
+        } else if (!strcmp(o, "--dump")) {
+            a->dump = v;
+        } else if (!strcmp(o, "--tile")) {
+            if (!parse_pos_int(v, 16, 65536, &a->tile))
+                return usage_error("--tile: expected a size in pixels (16..65536), got '%s'", v);
+        } else if (!strcmp(o, "--overlap")) {
+            if (!parse_pos_int(v, 0, 65535, &a->overlap))
+                return usage_error("--overlap: expected pixels >= 0, got '%s'", v);
+        } else if (!strcmp(o, "--shard")) {
+            if (batch_parse_shard(&a->shard_i, &a->shard_n, v) != MS_OK)
+                return usage_error("%s", ms_last_error());
+        } else if (!strcmp(o, "--batch")) {
+            if (!parse_pos_int(v, 1, 256, &a->batch))
+                return usage_error("--batch: expected 1..256, got '%s'", v);
+        } else if (!strcmp(o, "--devices")) {
+            devices = v;
+        }
+    }
+    if (a->n_inputs == 0 && a->n_lists == 0 && !a->read_stdin)
+        return usage_error("no input images (give files, folders, --list FILE or -)");
+    if (!a->out_dir && !a->dump) return usage_error("-o DIR is required");
+    if (a->overlap >= 0 && a->tile == 0) return usage_error("--overlap needs --tile");
+    if (a->tile > 0) {
+        if (a->overlap < 0) a->overlap = a->tile / 4;
+        if (a->overlap >= a->tile)
+            return usage_error("--overlap %d must be smaller than --tile %d", a->overlap, a->tile);
+        if (a->dump) return usage_error("--dump records one forward pass; it cannot be combined with --tile");
+        if (a->heatmaps) return usage_error("--heatmaps shows one forward pass; it cannot be combined with --tile");
+    }
+    if (!a->out_dir && (a->overlay || a->heatmaps || a->skip_existing || a->format != FMT_INDEX))
+        return usage_error("--overlay, --heatmaps, --format and --skip-existing need -o DIR");
+#ifndef MS_HAVE_VIEWER
+    if (a->heatmaps) {
+        cli_error("segment: --heatmaps is not available in this build (no headless renderer)");
+        return 2;
+    }
+#endif
+    if (devices) {
+        int rc = apply_devices(a, devices);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- planning ---- */
+
+/* Enumerates, sorts, maps outputs, applies the input and collision rules,
+ * then the shard. Enumeration errors are reported and counted as failures. */
+static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
+{
+    memset(p, 0, sizeof *p);
+    batch_list_init(&p->list);
+    if (a->out_dir) batch_list_skip_dir(&p->list, a->out_dir);
+    *enum_failed = 0;
+    for (int i = 0; i < a->n_inputs; i++)
+        if (batch_add_path(&p->list, a->inputs[i], a->recursive) != MS_OK) {
+            cli_error("%s", ms_last_error());
+            ++*enum_failed;
+        }
+    for (int i = 0; i < a->n_lists; i++)
+        if (batch_add_list_file(&p->list, a->lists[i], a->recursive) != MS_OK) {
+            cli_error("%s", ms_last_error());
+            ++*enum_failed;
+        }
+    if (a->read_stdin &&
+        batch_add_stream(&p->list, stdin, "standard input", NULL, a->recursive) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        ++*enum_failed;
+    }
+    batch_sort_unique(&p->list);
+    int n = p->list.n;
+    p->out = calloc((size_t)(n ? n : 1) * N_OUT, sizeof *p->out);
+    p->plan_error = calloc((size_t)(n ? n : 1), sizeof *p->plan_error);
+    p->order = calloc((size_t)(n ? n : 1), sizeof *p->order);
+    if (!p->out || !p->plan_error || !p->order) {
+        cli_error("out of memory planning %d images", n);
+        return 1;
+    }
+    if (a->dump && n > 1) {
+        cli_error("segment: --dump writes one image's record, but %d images were given", n);
+        return 2;
+    }
+    if (a->out_dir) {
+        bool want[N_OUT] = {true, a->overlay, a->heatmaps};
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < N_OUT; k++)
+                if (want[k] && batch_output_path(&p->out[i * N_OUT + k], a->out_dir,
+                                                 p->list.items[i].rel, out_suffix[k]) != MS_OK) {
+                    cli_error("%s", ms_last_error());
+                    return 1;
+                }
+        /* Never onto an input, checked against every input (not just this
+         * shard's), so no shard overwrites what another one reads. */
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < N_OUT && !p->plan_error[i]; k++) {
+                const char *o = p->out[i * N_OUT + k];
+                if (o && batch_check_output(&p->list, o) != MS_OK)
+                    p->plan_error[i] = fmt_dup("%s", ms_last_error());
+            }
+        /* Two inputs, one output name (a.jpg and a.png): the first in sorted
+         * order wins, the others fail with a message naming both. */
+        int *dup = malloc((size_t)(n ? n : 1) * N_OUT * sizeof *dup);
+        char **flat = malloc((size_t)(n ? n : 1) * N_OUT * sizeof *flat);
+        int *owner = malloc((size_t)(n ? n : 1) * N_OUT * sizeof *owner);
+        int m = 0;
+        if (!dup || !flat || !owner) {
+            free(dup); free(flat); free(owner);
+            cli_error("out of memory planning %d images", n);
+            return 1;
+        }
+        for (int i = 0; i < n; i++)
+            for (int k = 0; k < N_OUT; k++)
+                if (p->out[i * N_OUT + k]) {
+                    flat[m] = p->out[i * N_OUT + k];
+                    owner[m++] = i;
+                }
+        if (batch_find_collisions(dup, flat, m) == MS_OK)
+            for (int q = 0; q < m; q++) {
+                int i = owner[q];
+                if (dup[q] < 0 || owner[dup[q]] == i || p->plan_error[i]) continue;
+                p->plan_error[i] = fmt_dup("its output %s is also the output of %s; rename one",
+                                           flat[q], p->list.items[owner[dup[q]]].path);
+            }
+        free(dup);
+        free(flat);
+        free(owner);
+    }
+    for (int i = 0; i < n; i++)
+        if (a->shard_n == 0 || batch_in_shard(i, a->shard_i, a->shard_n)) p->order[p->n_todo++] = i;
+    return 0;
+}
+
+/* ---- the command ---- */
+
+int cmd_segment(int argc, char **argv)
+{
+    seg_args a;
+    int rc = parse_args(&a, argc, argv);
+    if (rc) {
+        free(a.inputs);
+        free(a.lists);
+        return rc < 0 ? 0 : rc;
+    }
+    double t_start = now_s();
+    seg_plan plan;
+    int enum_failed = 0;
+    rc = build_plan(&plan, &a, &enum_failed);
+    if (rc) goto out_plan;
+    if (plan.n_todo == 0) {
+        if (!a.quiet)
+            fprintf(stderr, "mitaseg: no images to segment%s\n",
+                    plan.list.n ? " in this shard" : "");
+        rc = enum_failed ? 1 : 0;
+        goto out_plan;
+    }
+    ms_engine *e = NULL;
+    if (cli_open_engine(&e, &a.eng, a.quiet)) {
+        rc = 1;
+        goto out_plan;
+    }
+    const ms_config *cfg = engine_config(e);
+    if (a.heatmaps && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
+                          MS_ATTN_MITA) {
+        cli_error("segment: --heatmaps draws MiTA expert selections, but this run uses full "
+                  "attention (add --attention mita)");
+        engine_free(e);
+        rc = 2;
+        goto out_plan;
+    }
+
+    seg_run r;
+    memset(&r, 0, sizeof r);
+    r.a = &a;
+    r.plan = &plan;
+    r.cfg = cfg;
+    r.total = plan.n_todo;
+    r.tty = isatty(STDERR_FILENO);
+    r.total += enum_failed;
+    r.failed = enum_failed;
+    int depth = a.batch > 2 ? a.batch : 2; /* images decoded ahead / written behind */
+    if (queue_init(&r.read_q, depth) || queue_init(&r.write_q, depth)) {
+        cli_error("out of memory");
+        engine_free(e);
+        rc = 1;
+        goto out_plan;
+    }
+#ifdef MS_HAVE_VIEWER
+    /* Without the font the strip is drawn without labels. */
+    if (a.heatmaps && viz_font_open(&r.font, viz_font_path(), 14) != MS_OK) r.font = NULL;
+#endif
+    install_signals();
+    r.t0 = now_s();
+    pthread_t reader, writer;
+    bool have_reader = pthread_create(&reader, NULL, reader_main, &r) == 0;
+    bool have_writer = have_reader && pthread_create(&writer, NULL, writer_main, &r) == 0;
+    if (!have_writer) {
+        cli_error("cannot start threads");
+        g_stop = 1;
+    }
+    ms_result res;
+    memset(&res, 0, sizeof res);
+    job *j;
+    int not_started = 0;
+    while (have_reader && (j = queue_get(&r.read_q)) != NULL) {
+        if (g_stop || !have_writer) { /* interrupted: drop what is not started */
+            not_started++;
+            job_free(j);
+            continue;
+        }
+        if (j->kind == JOB_RUN) {
+            if (segment_one(j, e, &res, &a) != MS_OK) job_fail(j, ms_last_error());
+            if (!a.overlay && !a.heatmaps && j->kind == JOB_RUN) {
+                /* only the size is needed from here on */
+                free(j->img.rgb);
+                j->img.rgb = NULL;
+            }
+        }
+        queue_put(&r.write_q, j);
+    }
+    queue_close(&r.write_q);
+    if (have_reader) pthread_join(reader, NULL);
+    if (have_writer) pthread_join(writer, NULL);
+    /* The reader stops at the first check after the signal; what it never
+     * read counts as not started too. */
+    int processed = r.done + r.failed - enum_failed + r.skipped;
+    not_started = plan.n_todo - processed;
+    show_progress(&r, true);
+    double el = now_s() - t_start;
+    if (!a.quiet || g_stop) {
+        clear_bar(&r);
+        fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", g_stop ? "interrupted: " : "",
+                r.done, r.done == 1 ? "" : "s", r.failed, r.skipped);
+        if (g_stop) fprintf(stderr, ", %d not started", not_started);
+        fprintf(stderr, " in %.1f s (%.1f images/s)\n", el, el > 0 ? r.done / el : 0.0);
+    }
+    result_free(&res);
+    queue_free(&r.read_q);
+    queue_free(&r.write_q);
+    engine_free(e);
+#ifdef MS_HAVE_VIEWER
+    if (r.font) viz_font_free(r.font);
+#endif
+    rc = g_stop ? 130 : r.failed ? 1 : 0;
+out_plan:
+    plan_free(&plan);
+    free(a.inputs);
+    free(a.lists);
+    return rc;
+}

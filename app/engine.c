@@ -1,0 +1,733 @@
+/* The engine: loads a model file into one weight arena (BatchNorm folded),
+ * sizes one activation arena per input size with a dry run, and runs
+ * preprocess -> ViT -> neck -> UperHead -> logits -> mask (mita-spec 1-4). */
+#include "engine.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../backbone/vit.h"
+#include "../decoder/decoder.h"
+#include "../kernels/pool.h"
+#include "model_file.h"
+#ifdef MS_HAVE_CUDA
+#include "../kernels/cuda_ctx.h"
+#endif
+
+#define MS_MAX_PLANS 4
+
+/* Everything that depends on the input size and run options. */
+typedef struct {
+    bool used;
+    uint64_t last_use;
+    int h, w, attention, gh, gw, topk;
+    bool record;
+    ms_arena act;
+    float *pos;             /* (n, C) resized position embedding, in act */
+    size_t act_base;        /* act mark after pos: reset point for each run */
+    float *host_in;         /* (3, h, w) planar input staging, host */
+} engine_plan;
+
+struct ms_engine {
+    ms_model_file *mf;
+    const ms_config *cfg;
+    ms_device_choice device;
+    char fallback[512];
+    bool has_fallback;
+    char device_name[64];
+    ms_backend be;
+    ms_arena weights_host;
+    ms_arena weights_dev;   /* CUDA only */
+    vit_weights vit;
+    neck_weights neck;
+    uperhead_weights head;
+    engine_plan plans[MS_MAX_PLANS];
+    uint64_t clock;
+    ms_trace trace;
+#ifdef MS_HAVE_CUDA
+    ms_cuda_ctx *cu;
+#endif
+};
+
+/* ---- loading ------------------------------------------------------------ */
+
+typedef struct {
+    const ms_model_file *mf;
+    ms_arena *arena;
+    ms_status st;   /* sticky: the first error wins */
+} loader;
+
+static float *load(loader *ld, int ndim, const int64_t *shape, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static float *load(loader *ld, int ndim, const int64_t *shape, const char *fmt, ...)
+{
+    if (ld->st != MS_OK) return NULL;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+    float *p = arena_alloc(ld->arena, n * sizeof(float));
+    if (!p) {
+        ld->st = MS_ERR_OOM;
+        return NULL;
+    }
+    ld->st = model_file_read_f32(ld->mf, name, p, ndim, shape);
+    return ld->st == MS_OK ? p : NULL;
+}
+
+static float *alloc_f32(loader *ld, size_t n)
+{
+    if (ld->st != MS_OK) return NULL;
+    float *p = arena_alloc(ld->arena, n * sizeof(float));
+    if (!p) ld->st = MS_ERR_OOM;
+    return p;
+}
+
+/* Folds BatchNorm (gamma, beta, mean, var) into a conv: per output channel
+ * scale = gamma / sqrt(var + eps), w *= scale, b = (b - mean) * scale + beta.
+ * transposed: weight layout (ci, co, kh, kw). */
+static void fold_bn(ms_conv *cv, const float *g, const float *beta, const float *mean,
+                    const float *var, float eps, bool transposed)
+{
+    size_t khw = (size_t)cv->kh * cv->kw;
+    for (int o = 0; o < cv->co; o++) {
+        double scale = g[o] / sqrt((double)var[o] + eps);
+        if (transposed) {
+            for (int i = 0; i < cv->ci; i++)
+                for (size_t t = 0; t < khw; t++)
+                    cv->w[((size_t)i * cv->co + o) * khw + t] *= (float)scale;
+        } else {
+            for (size_t t = 0; t < (size_t)cv->ci * khw; t++)
+                cv->w[(size_t)o * cv->ci * khw + t] *= (float)scale;
+        }
+        cv->b[o] = (float)((cv->b[o] - mean[o]) * scale + beta[o]);
+    }
+}
+
+/* prefix.weight (+ prefix.bias) of a plain conv. */
+static void load_conv(loader *ld, ms_conv *cv, int co, int ci, int kh, int kw, bool bias,
+                      bool transposed, const char *prefix)
+{
+    cv->co = co, cv->ci = ci, cv->kh = kh, cv->kw = kw;
+    int64_t shape[4] = {transposed ? ci : co, transposed ? co : ci, kh, kw}, bshape[1] = {co};
+    cv->w = load(ld, 4, shape, "%s.weight", prefix);
+    if (bias) {
+        cv->b = load(ld, 1, bshape, "%s.bias", prefix);
+    } else {
+        cv->b = alloc_f32(ld, (size_t)co);
+        if (cv->b) memset(cv->b, 0, (size_t)co * sizeof(float));
+    }
+}
+
+static void load_bn(loader *ld, ms_conv *cv, float eps, bool transposed, const char *prefix)
+{
+    int64_t s[1] = {cv->co};
+    size_t mark = arena_mark(ld->arena);
+    float *g = load(ld, 1, s, "%s.weight", prefix);
+    float *b = load(ld, 1, s, "%s.bias", prefix);
+    float *m = load(ld, 1, s, "%s.running_mean", prefix);
+    float *v = load(ld, 1, s, "%s.running_var", prefix);
+    if (ld->st != MS_OK) return;
+    for (int o = 0; o < cv->co; o++)
+        if (!(v[o] >= 0) || !isfinite(v[o])) {
+            ld->st = ms_error(MS_ERR_FORMAT, "%s: %s.running_var[%d] = %g is not a variance",
+                              model_file_path(ld->mf), prefix, o, (double)v[o]);
+            return;
+        }
+    fold_bn(cv, g, b, m, v, eps, transposed);
+    arena_reset(ld->arena, mark); /* BN stats are no longer needed */
+}
+
+/* An mmseg ConvModule: prefix.conv.weight (no bias) + prefix.bn.*, folded. */
+static void load_conv_module(loader *ld, ms_conv *cv, int co, int ci, int k, float eps,
+                             const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+
+static void load_conv_module(loader *ld, ms_conv *cv, int co, int ci, int k, float eps,
+                             const char *fmt, ...)
+{
+    char prefix[200], name[220];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    snprintf(name, sizeof name, "%s.conv", prefix);
+    load_conv(ld, cv, co, ci, k, k, false, false, name);
+    snprintf(name, sizeof name, "%s.bn", prefix);
+    load_bn(ld, cv, eps, false, name);
+}
+
+static void load_weights(loader *ld, ms_engine *e)
+{
+    const ms_config *c = e->cfg;
+    const int C = c->embed_dim, R = c->mlp_ratio * C, p = c->patch_size;
+    int64_t s1[1] = {C}, s3c[1] = {3 * C}, sr[1] = {R};
+    vit_weights *v = &e->vit;
+    if (c->stem == MS_STEM_PATCH) {
+        load_conv(ld, &v->patch, C, 3, p, p, true, false, "backbone.patch_embed.proj");
+    } else {
+        int ci = 3;
+        for (int i = 0; i < c->n_stem; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "backbone.stem.%d.conv", i);
+            load_conv(ld, &v->stem[i], c->stem_channels[i], ci, 3, 3, false, false, name);
+            snprintf(name, sizeof name, "backbone.stem.%d.bn", i);
+            load_bn(ld, &v->stem[i], 1e-5f, false, name);
+            ci = c->stem_channels[i];
+        }
+        load_conv(ld, &v->stem_proj, C, ci, 1, 1, true, false, "backbone.stem.proj");
+    }
+    int64_t pos_shape[3] = {1, (int64_t)c->pos_grid[0] * c->pos_grid[1], C};
+    v->pos_embed = load(ld, 3, pos_shape, "backbone.pos_embed");
+    v->blocks = calloc((size_t)c->depth, sizeof *v->blocks);
+    if (!v->blocks) {
+        ld->st = ms_error(MS_ERR_OOM, "out of memory: %d block descriptors", c->depth);
+        return;
+    }
+    for (int i = 0; i < c->depth && ld->st == MS_OK; i++) {
+        vit_block *b = &v->blocks[i];
+        int64_t wqkv[2] = {3 * C, C}, wproj[2] = {C, C}, wfc1[2] = {R, C}, wfc2[2] = {C, R};
+        const char *pre = "backbone.blocks";
+        b->norm1_w = load(ld, 1, s1, "%s.%d.norm1.weight", pre, i);
+        b->norm1_b = load(ld, 1, s1, "%s.%d.norm1.bias", pre, i);
+        b->qkv_w = load(ld, 2, wqkv, "%s.%d.attn.qkv.weight", pre, i);
+        b->qkv_b = load(ld, 1, s3c, "%s.%d.attn.qkv.bias", pre, i);
+        b->proj_w = load(ld, 2, wproj, "%s.%d.attn.proj.weight", pre, i);
+        b->proj_b = load(ld, 1, s1, "%s.%d.attn.proj.bias", pre, i);
+        b->norm2_w = load(ld, 1, s1, "%s.%d.norm2.weight", pre, i);
+        b->norm2_b = load(ld, 1, s1, "%s.%d.norm2.bias", pre, i);
+        b->fc1_w = load(ld, 2, wfc1, "%s.%d.mlp.fc1.weight", pre, i);
+        b->fc1_b = load(ld, 1, sr, "%s.%d.mlp.fc1.bias", pre, i);
+        b->fc2_w = load(ld, 2, wfc2, "%s.%d.mlp.fc2.weight", pre, i);
+        b->fc2_b = load(ld, 1, s1, "%s.%d.mlp.fc2.bias", pre, i);
+    }
+    if (c->final_norm) {
+        v->norm_w = load(ld, 1, s1, "backbone.norm.weight");
+        v->norm_b = load(ld, 1, s1, "backbone.norm.bias");
+    }
+
+    neck_weights *n = &e->neck;
+    const int Cn = c->neck_channels;
+    if (c->neck == MS_NECK_MLN) {
+        for (int l = 0; l < 4; l++) {
+            char name[64];
+            snprintf(name, sizeof name, "neck.lateral_convs.%d.conv", l);
+            load_conv(ld, &n->lateral[l], Cn, C, 1, 1, true, false, name);
+            snprintf(name, sizeof name, "neck.convs.%d.conv", l);
+            load_conv(ld, &n->convs[l], Cn, Cn, 3, 3, true, false, name);
+        }
+    } else if (c->neck == MS_NECK_FPN_DECONV) {
+        load_conv(ld, &n->fpn1a, C, C, 2, 2, true, true, "neck.fpn1.0");
+        load_bn(ld, &n->fpn1a, c->bn_eps, true, "neck.fpn1.1");
+        load_conv(ld, &n->fpn1b, C, C, 2, 2, true, true, "neck.fpn1.3");
+        load_conv(ld, &n->fpn2, C, C, 2, 2, true, true, "neck.fpn2.0");
+    }
+
+    uperhead_weights *h = &e->head;
+    const int ch = c->head_channels;
+    const float eps = c->bn_eps;
+    for (int j = 0; j < c->n_pool; j++)
+        load_conv_module(ld, &h->psp[j], ch, Cn, 1, eps, "decode_head.psp_modules.%d.1", j);
+    load_conv_module(ld, &h->bottleneck, ch, Cn + c->n_pool * ch, 3, eps,
+                     "decode_head.bottleneck");
+    for (int l = 0; l < 3; l++) {
+        load_conv_module(ld, &h->lateral[l], ch, Cn, 1, eps, "decode_head.lateral_convs.%d", l);
+        load_conv_module(ld, &h->fpn[l], ch, ch, 3, eps, "decode_head.fpn_convs.%d", l);
+    }
+    load_conv_module(ld, &h->fpn_bottleneck, ch, 4 * ch, 3, eps, "decode_head.fpn_bottleneck");
+    load_conv(ld, &h->seg, c->n_classes, ch, 1, 1, true, false, "decode_head.conv_seg");
+}
+
+/* Moves every weight pointer from the host arena to the same offset in the
+ * device arena. */
+static void rebase_ptr(float **p, const ms_arena *from, const ms_arena *to)
+{
+    if (*p) *p = (float *)(to->base + ((uint8_t *)*p - from->base));
+}
+
+static void rebase_conv(ms_conv *cv, const ms_arena *from, const ms_arena *to)
+{
+    rebase_ptr(&cv->w, from, to);
+    rebase_ptr(&cv->b, from, to);
+}
+
+static void rebase_weights(ms_engine *e, const ms_arena *from, const ms_arena *to)
+{
+    vit_weights *v = &e->vit;
+    rebase_conv(&v->patch, from, to);
+    for (int i = 0; i < MS_MAX_STEM; i++) rebase_conv(&v->stem[i], from, to);
+    rebase_conv(&v->stem_proj, from, to);
+    rebase_ptr(&v->pos_embed, from, to);
+    rebase_ptr(&v->norm_w, from, to);
+    rebase_ptr(&v->norm_b, from, to);
+    for (int i = 0; i < e->cfg->depth; i++) {
+        float **f = (float **)&v->blocks[i];
+        for (size_t k = 0; k < sizeof(vit_block) / sizeof(float *); k++) rebase_ptr(&f[k], from, to);
+    }
+    ms_conv *nc[] = {&e->neck.fpn1a, &e->neck.fpn1b, &e->neck.fpn2};
+    for (int i = 0; i < 3; i++) rebase_conv(nc[i], from, to);
+    for (int l = 0; l < 4; l++) {
+        rebase_conv(&e->neck.lateral[l], from, to);
+        rebase_conv(&e->neck.convs[l], from, to);
+    }
+    uperhead_weights *h = &e->head;
+    for (int j = 0; j < MS_MAX_POOL; j++) rebase_conv(&h->psp[j], from, to);
+    for (int l = 0; l < 3; l++) {
+        rebase_conv(&h->lateral[l], from, to);
+        rebase_conv(&h->fpn[l], from, to);
+    }
+    rebase_conv(&h->bottleneck, from, to);
+    rebase_conv(&h->fpn_bottleneck, from, to);
+    rebase_conv(&h->seg, from, to);
+}
+
+static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
+{
+    e->device = MS_DEV_CPU;
+    snprintf(e->device_name, sizeof e->device_name, "CPU (%d threads)", e->be.threads);
+    if (opt->device == MS_DEV_CPU) return MS_OK;
+#ifdef MS_HAVE_CUDA
+    ms_status st = cuda_ctx_init(&e->cu, 0);
+    if (st == MS_OK) {
+        e->device = MS_DEV_CUDA;
+        e->be.device = MS_DEVICE_CUDA;
+        e->be.cuda = e->cu;
+        e->be.fp32 = opt->fp32;
+        snprintf(e->device_name, sizeof e->device_name, "%s", cuda_ctx_name(e->cu));
+        return MS_OK;
+    }
+    if (opt->device == MS_DEV_CUDA) return st;
+    snprintf(e->fallback, sizeof e->fallback, "%s", ms_last_error());
+#else
+    if (opt->device == MS_DEV_CUDA)
+        return ms_error(MS_ERR_UNSUPPORTED, "--device cuda: this build has no CUDA backend");
+    snprintf(e->fallback, sizeof e->fallback, "this build has no CUDA backend");
+#endif
+    e->has_fallback = true;
+    return MS_OK;
+}
+
+ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt)
+{
+    *out = NULL;
+    ms_engine_options defaults = {.device = MS_DEV_AUTO};
+    if (!opt) opt = &defaults;
+    ms_engine *e = calloc(1, sizeof *e);
+    MS_CHECK_ALLOC(e, sizeof *e);
+    ms_status st = model_file_open(&e->mf, model_path);
+    if (st != MS_OK) {
+        free(e);
+        return st;
+    }
+    e->cfg = model_file_config(e->mf);
+    backend_set_threads(&e->be, opt->threads);
+
+    /* Upper bound for the weight arena: every stored element as F32 plus
+     * alignment and the bias vectors made for bias-free convs. */
+    size_t bytes = 1 << 20;
+    for (int i = 0; i < model_file_count(e->mf); i++) {
+        const ms_tensor *t = model_file_tensor(e->mf, i);
+        size_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+        bytes += n * sizeof(float) + 512;
+    }
+    st = arena_init(&e->weights_host, bytes, MS_DEVICE_CPU);
+    if (st == MS_OK) {
+        loader ld = {e->mf, &e->weights_host, MS_OK};
+        load_weights(&ld, e);
+        st = ld.st;
+    }
+    if (st == MS_OK) st = engine_setup_device(e, opt);
+#ifdef MS_HAVE_CUDA
+    if (st == MS_OK && e->device == MS_DEV_CUDA) {
+        st = arena_init(&e->weights_dev, e->weights_host.used, MS_DEVICE_CUDA);
+        if (st == MS_OK) st = cuda_copy_h2d(e->cu, e->weights_dev.base, e->weights_host.base,
+                                            e->weights_host.used);
+        if (st == MS_OK) st = cuda_sync(e->cu);
+        if (st == MS_OK) {
+            rebase_weights(e, &e->weights_host, &e->weights_dev);
+            arena_free(&e->weights_host);
+        }
+    }
+#else
+    (void)rebase_weights;
+#endif
+    if (st != MS_OK) {
+        engine_free(e);
+        return st;
+    }
+    *out = e;
+    return MS_OK;
+}
+
+void engine_free(ms_engine *e)
+{
+    if (!e) return;
+    for (int i = 0; i < MS_MAX_PLANS; i++) {
+        arena_free(&e->plans[i].act);
+        ms_free(e->plans[i].host_in);
+    }
+    arena_free(&e->weights_host);
+    arena_free(&e->weights_dev);
+    free(e->vit.blocks);
+#ifdef MS_HAVE_CUDA
+    cuda_ctx_free(e->cu);
+#endif
+    model_file_close(e->mf);
+    free(e);
+}
+
+const ms_config *engine_config(const ms_engine *e) { return e->cfg; }
+const char *engine_model_path(const ms_engine *e) { return model_file_path(e->mf); }
+const char *engine_fallback_reason(const ms_engine *e) { return e->has_fallback ? e->fallback : NULL; }
+ms_device_choice engine_device(const ms_engine *e) { return e->device; }
+
+void engine_set_trace(ms_engine *e, ms_trace_fn fn, void *user)
+{
+    e->trace.fn = fn;
+    e->trace.user = user;
+}
+
+/* ---- running ------------------------------------------------------------ */
+
+void mita_landmark_window(int *r0, int *r1, int *c0, int *c1, int m, int hp, int wp, int gh,
+                          int gw)
+{
+    int i = m / gw, j = m % gw;
+    *r0 = adaptive_pool_start(i, hp, gh);
+    *r1 = adaptive_pool_end(i, hp, gh);
+    *c0 = adaptive_pool_start(j, wp, gw);
+    *c1 = adaptive_pool_end(j, wp, gw);
+}
+
+typedef struct {
+    int h, w, rh, rw, ph, pw, hp, wp, n;
+    ms_attn_type attention;
+    ms_mita_params mita;
+    bool record;
+} run_geometry;
+
+static ms_status plan_geometry(run_geometry *g, const ms_config *c, int h, int w,
+                               const ms_run_options *opt)
+{
+    memset(g, 0, sizeof *g);
+    g->h = h, g->w = w, g->rh = h, g->rw = w;
+    if (c->short_side > 0) {
+        double scale = (double)c->short_side / (h < w ? h : w);
+        g->rh = (int)floor(h * scale + 0.5);
+        g->rw = (int)floor(w * scale + 0.5);
+        if (g->rh < 1) g->rh = 1;
+        if (g->rw < 1) g->rw = 1;
+    }
+    int m = c->pad_multiple > 0 ? c->pad_multiple : 1, p = c->patch_size;
+    g->ph = (g->rh + m - 1) / m * m;
+    g->pw = (g->rw + m - 1) / m * m;
+    g->ph = (g->ph + p - 1) / p * p; /* the grid needs whole patches */
+    g->pw = (g->pw + p - 1) / p * p;
+    g->hp = g->ph / p, g->wp = g->pw / p, g->n = g->hp * g->wp;
+    if ((int64_t)g->ph * g->pw > ((int64_t)1 << 28))
+        return ms_error(MS_ERR_ARG, "network input %dx%d is too large", g->pw, g->ph);
+    g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
+    int gh = opt->gh > 0 ? opt->gh : c->attn.gh, gw = opt->gw > 0 ? opt->gw : c->attn.gw;
+    int k = opt->topk > 0 ? opt->topk : c->attn.topk;
+    g->mita.gh = gh < g->hp ? gh : g->hp;   /* spec 2.1: clamp G to the grid */
+    g->mita.gw = gw < g->wp ? gw : g->wp;
+    g->mita.topk = k < g->n ? k : g->n;     /* spec 2.2: clamp k to N */
+    g->mita.shared_scale_d = c->attn.shared_scale_d;
+    g->record = opt->record && g->attention == MS_ATTN_MITA;
+    return MS_OK;
+}
+
+typedef struct {
+    float *input;     /* (3, ph, pw) */
+    float *logits;    /* (classes, h, w) */
+    uint8_t *mask;    /* (h, w) */
+    int32_t *topk_idx;
+    int32_t *route;
+    float *shared_mass;
+} run_buffers;
+
+/* The whole forward pass on the plan's arena; in a dry run only sizes. */
+static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometry *g,
+                                run_buffers *rb, const ms_trace *tr)
+{
+    const ms_config *c = e->cfg;
+    ms_backend *be = &e->be;
+    ms_arena *act = &pl->act;
+    const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes;
+    const int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
+#define ALLOC(ptr, bytes)                                          \
+    do {                                                           \
+        (ptr) = arena_alloc(act, (bytes));                         \
+        if (!(ptr)) return MS_ERR_OOM;                             \
+    } while (0)
+    /* Buffers that outlive the pass. */
+    ALLOC(rb->logits, (size_t)K * g->h * g->w * sizeof(float));
+    ALLOC(rb->mask, (size_t)g->h * g->w);
+    rb->topk_idx = NULL, rb->route = NULL, rb->shared_mass = NULL;
+    if (g->record) {
+        ALLOC(rb->topk_idx, (size_t)c->depth * heads * M * k * sizeof(int32_t));
+        ALLOC(rb->route, (size_t)c->depth * heads * g->n * sizeof(int32_t));
+        ALLOC(rb->shared_mass, (size_t)c->depth * heads * g->n * sizeof(float));
+    }
+    /* Input: planar (3, h, w) staged on the host, resized, normalised, padded. */
+    float *raw, *resized;
+    ALLOC(raw, (size_t)3 * g->h * g->w * sizeof(float));
+    ALLOC(rb->input, (size_t)3 * g->ph * g->pw * sizeof(float));
+    if (!be->dry_run) {
+#ifdef MS_HAVE_CUDA
+        if (be->device == MS_DEVICE_CUDA)
+            MS_TRY(cuda_copy_h2d(e->cu, raw, pl->host_in, (size_t)3 * g->h * g->w * sizeof(float)));
+        else
+#endif
+            memcpy(raw, pl->host_in, (size_t)3 * g->h * g->w * sizeof(float));
+    }
+    resized = raw;
+    if (g->rh != g->h || g->rw != g->w) {
+        ALLOC(resized, (size_t)3 * g->rh * g->rw * sizeof(float));
+        MS_TRY(op_resize_bilinear(be, resized, raw, 3, g->h, g->w, g->rh, g->rw, 0, 0));
+    }
+    MS_TRY(op_normalize_pad(be, rb->input, resized, g->rh, g->rw, g->ph, g->pw, c->mean, c->stdv));
+    const int64_t in_shape[3] = {3, g->ph, g->pw};
+    MS_TRY(trace_emit(be, tr, "input", rb->input, 3, in_shape));
+    const int64_t pos_shape[2] = {g->n, C};
+    MS_TRY(trace_emit(be, tr, "pos_embed", pl->pos, 2, pos_shape));
+
+    float *taps[4], *levels[4], *net_logits, *full, *crop;
+    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)C * g->n * sizeof(float));
+    vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
+                   .route = rb->route, .shared_mass = rb->shared_mass};
+    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, g->ph, g->pw, tr));
+    MS_TRY(neck_forward(be, act, levels, taps, &e->neck, c, g->hp, g->wp, tr));
+    int h0, w0;
+    neck_level_size(&h0, &w0, c, 0, g->hp, g->wp);
+    ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
+    MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
+
+    /* spec 3.6: to the network input size, crop the padding, to the image. */
+    ALLOC(full, (size_t)K * g->ph * g->pw * sizeof(float));
+    MS_TRY(op_resize_bilinear(be, full, net_logits, K, h0, w0, g->ph, g->pw, 0, 0));
+    bool resized_in = g->rh != g->h || g->rw != g->w;
+    crop = resized_in ? NULL : rb->logits;
+    if (resized_in) ALLOC(crop, (size_t)K * g->rh * g->rw * sizeof(float));
+    MS_TRY(op_crop(be, crop, full, K, g->ph, g->pw, g->rh, g->rw));
+    if (resized_in)
+        MS_TRY(op_resize_bilinear(be, rb->logits, crop, K, g->rh, g->rw, g->h, g->w, 0, 0));
+    const int64_t lg_shape[3] = {K, g->h, g->w};
+    MS_TRY(trace_emit(be, tr, "logits", rb->logits, 3, lg_shape));
+    MS_TRY(op_argmax(be, rb->mask, rb->logits, K, g->h, g->w));
+#undef ALLOC
+    return MS_OK;
+}
+
+static bool plan_matches(const engine_plan *pl, const run_geometry *g)
+{
+    return pl->used && pl->h == g->h && pl->w == g->w && pl->attention == (int)g->attention &&
+           pl->gh == g->mita.gh && pl->gw == g->mita.gw && pl->topk == g->mita.topk &&
+           pl->record == g->record;
+}
+
+/* Finds or builds the plan for this geometry: sizes the activation arena with
+ * a dry run, allocates it once, and caches the resized position embedding. */
+static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geometry *g)
+{
+    engine_plan *pl = NULL, *lru = &e->plans[0];
+    for (int i = 0; i < MS_MAX_PLANS; i++) {
+        if (plan_matches(&e->plans[i], g)) pl = &e->plans[i];
+        if (!e->plans[i].used || e->plans[i].last_use < lru->last_use) lru = &e->plans[i];
+    }
+    if (pl) {
+        pl->last_use = ++e->clock;
+        *out = pl;
+        return MS_OK;
+    }
+    pl = lru;
+    arena_free(&pl->act);
+    ms_free(pl->host_in);
+    memset(pl, 0, sizeof *pl);
+
+    ms_backend *be = &e->be;
+    ms_arena *act = &pl->act;
+    act->device = be->device;
+    size_t in_bytes = (size_t)3 * g->h * g->w * sizeof(float);
+    pl->host_in = ms_malloc(in_bytes);
+    MS_CHECK_ALLOC(pl->host_in, in_bytes);
+
+    /* Dry run: count the arena's high-water mark. */
+    arena_begin_sizing(act);
+    be->dry_run = true;
+    be->scratch = act;
+    run_buffers rb;
+    pl->pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
+    ms_status st = engine_forward(e, pl, g, &rb, NULL);
+    be->dry_run = false;
+    size_t need = act->high;
+    act->sizing = false;
+    if (st == MS_OK) st = arena_init(act, need, be->device);
+    if (st != MS_OK) {
+        ms_error_prefix(st, "activation memory for a %dx%d image (%zu MiB)", g->w, g->h,
+                        need >> 20);
+        arena_free(act);
+        ms_free(pl->host_in);
+        memset(pl, 0, sizeof *pl);
+        return st;
+    }
+    pl->pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
+    st = vit_resize_pos_embed(be, act, pl->pos, &e->vit, e->cfg, g->hp, g->wp);
+    if (st != MS_OK) return st;
+    pl->act_base = arena_mark(act);
+    pl->used = true;
+    pl->h = g->h, pl->w = g->w, pl->attention = g->attention;
+    pl->gh = g->mita.gh, pl->gw = g->mita.gw, pl->topk = g->mita.topk, pl->record = g->record;
+    pl->last_use = ++e->clock;
+    *out = pl;
+    return MS_OK;
+}
+
+static ms_status result_reserve(ms_result *r, const run_geometry *g, const ms_config *c)
+{
+    size_t px = (size_t)g->h * g->w, nl = (size_t)c->n_classes * px;
+    bool same = r->logits && r->h == g->h && r->w == g->w && r->classes == c->n_classes;
+    if (!same) {
+        ms_free(r->logits);
+        ms_free(r->mask);
+        r->logits = ms_malloc(nl * sizeof(float));
+        r->mask = ms_malloc(px);
+        if (!r->logits || !r->mask)
+            return ms_error(MS_ERR_OOM, "out of memory: result for a %dx%d image", g->w, g->h);
+    }
+    int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
+    if (g->record) {
+        bool same_rec = r->topk_idx && r->depth == c->depth && r->heads == c->num_heads &&
+                        r->m == M && r->k == k && r->n == g->n;
+        if (!same_rec) {
+            ms_free(r->topk_idx), ms_free(r->route), ms_free(r->shared_mass), ms_free(r->layer_mita);
+            size_t dh = (size_t)c->depth * c->num_heads;
+            r->topk_idx = ms_malloc(dh * M * k * sizeof(int32_t));
+            r->route = ms_malloc(dh * g->n * sizeof(int32_t));
+            r->shared_mass = ms_malloc(dh * g->n * sizeof(float));
+            r->layer_mita = ms_malloc((size_t)c->depth);
+            if (!r->topk_idx || !r->route || !r->shared_mass || !r->layer_mita)
+                return ms_error(MS_ERR_OOM, "out of memory: MiTA record");
+        }
+    }
+    r->h = g->h, r->w = g->w, r->rh = g->rh, r->rw = g->rw, r->ph = g->ph, r->pw = g->pw;
+    r->patch = c->patch_size, r->hp = g->hp, r->wp = g->wp, r->n = g->n;
+    r->classes = c->n_classes, r->depth = c->depth, r->heads = c->num_heads;
+    r->gh = g->mita.gh, r->gw = g->mita.gw, r->m = M, r->k = k;
+    r->attention = g->attention;
+    if (!g->record) {
+        ms_free(r->topk_idx), ms_free(r->route), ms_free(r->shared_mass), ms_free(r->layer_mita);
+        r->topk_idx = NULL, r->route = NULL, r->shared_mass = NULL, r->layer_mita = NULL;
+    }
+    return MS_OK;
+}
+
+static ms_status copy_out(ms_engine *e, void *dst, const void *src, size_t bytes)
+{
+#ifdef MS_HAVE_CUDA
+    if (e->be.device == MS_DEVICE_CUDA) return cuda_copy_d2h(e->cu, dst, src, bytes);
+#endif
+    memcpy(dst, src, bytes);
+    return MS_OK;
+}
+
+ms_status engine_run(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *opt)
+{
+    ms_run_options defaults = {.attention = -1};
+    if (!opt) opt = &defaults;
+    if (!img || !img->rgb || img->w < 1 || img->h < 1)
+        return ms_error(MS_ERR_ARG, "engine_run: empty image");
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    run_geometry g;
+    MS_TRY(plan_geometry(&g, e->cfg, img->h, img->w, opt));
+    engine_plan *pl = NULL;
+    MS_TRY(engine_get_plan(e, &pl, &g));
+    MS_TRY(result_reserve(res, &g, e->cfg));
+
+    /* Interleaved uint8 -> planar float staging. */
+    size_t px = (size_t)g.h * g.w;
+    for (size_t i = 0; i < px; i++)
+        for (int ch = 0; ch < 3; ch++) pl->host_in[ch * px + i] = img->rgb[i * 3 + ch];
+
+    arena_reset(&pl->act, pl->act_base);
+    e->be.scratch = &pl->act;
+    run_buffers rb;
+    ms_status st = engine_forward(e, pl, &g, &rb, &e->trace);
+    const ms_config *c = e->cfg;
+    if (st == MS_OK) st = copy_out(e, res->logits, rb.logits, (size_t)c->n_classes * px * sizeof(float));
+    if (st == MS_OK) st = copy_out(e, res->mask, rb.mask, px);
+    if (st == MS_OK && g.record) {
+        size_t dh = (size_t)c->depth * c->num_heads;
+        st = copy_out(e, res->topk_idx, rb.topk_idx, dh * res->m * res->k * sizeof(int32_t));
+        if (st == MS_OK) st = copy_out(e, res->route, rb.route, dh * g.n * sizeof(int32_t));
+        if (st == MS_OK)
+            st = copy_out(e, res->shared_mass, rb.shared_mass, dh * g.n * sizeof(float));
+        memset(res->layer_mita, 1, (size_t)c->depth);
+    }
+#ifdef MS_HAVE_CUDA
+    if (st == MS_OK && e->be.device == MS_DEVICE_CUDA) st = cuda_sync(e->cu);
+#endif
+    arena_reset(&pl->act, pl->act_base);
+    if (st != MS_OK) return st;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    res->ms_total = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    snprintf(res->device_name, sizeof res->device_name, "%s", e->device_name);
+    return MS_OK;
+}
+
+void result_free(ms_result *r)
+{
+    if (!r) return;
+    ms_free(r->logits), ms_free(r->mask), ms_free(r->topk_idx), ms_free(r->route);
+    ms_free(r->shared_mass), ms_free(r->layer_mita);
+    memset(r, 0, sizeof *r);
+}
+
+ms_status result_write_dump(const ms_result *r, const char *path)
+{
+    if (!r->logits) return ms_error(MS_ERR_ARG, "%s: nothing to dump", path);
+    int depth = r->topk_idx ? r->depth : 0;
+    int n = 2 + 2 * depth;
+    ms_tensor *t = calloc((size_t)n, sizeof *t);
+    char(*names)[48] = calloc((size_t)n, sizeof *names);
+    if (!t || !names) {
+        free(t), free(names);
+        return ms_error(MS_ERR_OOM, "out of memory: dump of %s", path);
+    }
+    t[0] = (ms_tensor){.name = "logits", .dtype = MS_DT_F32, .ndim = 3,
+                       .shape = {r->classes, r->h, r->w}, .data = r->logits,
+                       .nbytes = (size_t)r->classes * r->h * r->w * sizeof(float)};
+    t[1] = (ms_tensor){.name = "mask", .dtype = MS_DT_U8, .ndim = 2, .shape = {r->h, r->w},
+                       .data = r->mask, .nbytes = (size_t)r->h * r->w};
+    for (int i = 0; i < depth; i++) {
+        ms_tensor *a = &t[2 + 2 * i], *b = &t[3 + 2 * i];
+        snprintf(names[2 + 2 * i], sizeof names[0], "layers.%d.topk_idx", i);
+        snprintf(names[3 + 2 * i], sizeof names[0], "layers.%d.route", i);
+        size_t per = (size_t)r->heads * r->m * r->k;
+        *a = (ms_tensor){.name = names[2 + 2 * i], .dtype = MS_DT_I32, .ndim = 3,
+                         .shape = {r->heads, r->m, r->k}, .data = r->topk_idx + (size_t)i * per,
+                         .nbytes = per * sizeof(int32_t)};
+        size_t pr = (size_t)r->heads * r->n;
+        *b = (ms_tensor){.name = names[3 + 2 * i], .dtype = MS_DT_I32, .ndim = 2,
+                         .shape = {r->heads, r->n}, .data = r->route + (size_t)i * pr,
+                         .nbytes = pr * sizeof(int32_t)};
+    }
+    char grid[32], topk[16];
+    snprintf(grid, sizeof grid, "%dx%d", r->gh, r->gw);
+    snprintf(topk, sizeof topk, "%d", r->k);
+    const char *meta[] = {"format", "mitaseg-dump", "attention",
+                          r->attention == MS_ATTN_MITA ? "mita" : "full",
+                          "landmarks", grid, "topk", topk, NULL};
+    ms_status st = safetensors_write(path, t, n, meta);
+    free(t), free(names);
+    return st;
+}

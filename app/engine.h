@@ -1,0 +1,77 @@
+/* The engine: a loaded model plus the backend it runs on. engine_run takes an
+ * RGB image and returns logits, the mask and (when asked) every MiTA layer's
+ * selections. Library code: no printing, errors via ms_last_error(). */
+#ifndef MS_ENGINE_H
+#define MS_ENGINE_H
+
+#include "config.h"
+#include "image_io.h"
+
+typedef enum { MS_DEV_AUTO = -1, MS_DEV_CPU = 0, MS_DEV_CUDA = 1 } ms_device_choice;
+
+typedef struct {
+    ms_device_choice device;
+    int threads;        /* 0: all cores */
+    bool fp32;          /* CUDA: FP32 GEMMs */
+} ms_engine_options;
+
+/* Per-run attention override; zero/negative fields keep the model's. */
+typedef struct {
+    int attention;      /* -1: model's; MS_ATTN_FULL; MS_ATTN_MITA */
+    int gh, gw;         /* landmarks, 0: model's */
+    int topk;           /* 0: model's */
+    bool record;        /* record MiTA selections (viewer, --dump) */
+} ms_run_options;
+
+typedef struct {
+    /* image and network geometry */
+    int h, w;               /* original image */
+    int rh, rw;             /* resized (working) size, before padding */
+    int ph, pw;             /* padded network input */
+    int patch, hp, wp, n;   /* token grid, n = hp*wp */
+    int classes;
+    float *logits;          /* (classes, h, w) at the original size, before argmax */
+    uint8_t *mask;          /* (h, w) */
+    /* MiTA record (record=true); layers run with full attention have
+     * layer_mita[i] == 0 and their slices are unset. */
+    int depth, heads;
+    int gh, gw, m, k;       /* effective (clamped) landmark grid and k */
+    uint8_t *layer_mita;    /* (depth) */
+    int32_t *topk_idx;      /* (depth, heads, m, k) */
+    int32_t *route;         /* (depth, heads, n) */
+    float *shared_mass;     /* (depth, heads, n) */
+    /* run facts */
+    int attention;          /* MS_ATTN_* actually used */
+    double ms_total;        /* wall time of the forward pass */
+    char device_name[64];
+} ms_result;
+
+typedef struct ms_engine ms_engine;
+
+/* Loads and validates the model, folds BatchNorm, picks the device. When auto
+ * falls back to the CPU, engine_fallback_reason() says why. */
+ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt);
+void engine_free(ms_engine *e);
+const ms_config *engine_config(const ms_engine *e);
+const char *engine_model_path(const ms_engine *e);
+const char *engine_fallback_reason(const ms_engine *e); /* NULL when none */
+ms_device_choice engine_device(const ms_engine *e);
+
+/* Runs one image. res is filled with buffers owned by res (result_free);
+ * passing the same res again reuses its buffers when sizes match. */
+ms_status engine_run(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *opt);
+void result_free(ms_result *res);
+
+/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
+ms_status result_write_dump(const ms_result *res, const char *path);
+
+/* Test hook: called with every stage's output (host copy), named as in the
+ * golden fixtures (tests/fixtures, tools/gen_fixtures.py). NULL turns it off. */
+typedef void (*engine_trace_fn)(void *user, const char *name, const float *data, int ndim,
+                                const int64_t *shape);
+void engine_set_trace(ms_engine *e, engine_trace_fn fn, void *user);
+
+/* Landmark m's pooling window on the token grid (spec 2.1). */
+void mita_landmark_window(int *r0, int *r1, int *c0, int *c1, int m, int hp, int wp, int gh, int gw);
+
+#endif

@@ -1,0 +1,147 @@
+/* The ViT forward pass (mita-spec section 1) and its attention (section 2). */
+#include "vit.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#ifdef MS_HAVE_CUDA
+#include "../kernels/cuda_ctx.h"
+#endif
+
+ms_status trace_emit(ms_backend *be, const ms_trace *tr, const char *name,
+                     const float *data, int ndim, const int64_t *shape)
+{
+    if (!tr || !tr->fn || be->dry_run) return MS_OK;
+#ifdef MS_HAVE_CUDA
+    if (be->device == MS_DEVICE_CUDA) {
+        size_t n = 1;
+        for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
+        float *host = ms_malloc(n * sizeof(float));
+        MS_CHECK_ALLOC(host, n * sizeof(float));
+        ms_status st = cuda_copy_d2h(be->cuda, host, data, n * sizeof(float));
+        if (st == MS_OK) st = cuda_sync(be->cuda);
+        if (st == MS_OK) tr->fn(tr->user, name, host, ndim, shape);
+        ms_free(host);
+        return st;
+    }
+#endif
+    tr->fn(tr->user, name, data, ndim, shape);
+    return MS_OK;
+}
+
+#define ALLOC_F32(ptr, count)                                        \
+    do {                                                             \
+        (ptr) = arena_alloc(act, (size_t)(count) * sizeof(float));   \
+        if (!(ptr)) return MS_ERR_OOM;                               \
+    } while (0)
+
+ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out, const vit_weights *w,
+                               const ms_config *cfg, int hp, int wp)
+{
+    int C = cfg->embed_dim, h0 = cfg->pos_grid[0], w0 = cfg->pos_grid[1];
+    if (hp == h0 && wp == w0)
+        return op_crop(be, out, w->pos_embed, 1, hp * wp, C, hp * wp, C);
+    /* Interpolation works on (C, H, W) maps; tokens are (N, C). */
+    size_t mark = arena_mark(act);
+    float *map0, *map1;
+    ALLOC_F32(map0, (size_t)C * h0 * w0);
+    ALLOC_F32(map1, (size_t)C * hp * wp);
+    MS_TRY(op_transpose(be, map0, w->pos_embed, h0 * w0, C));
+    MS_TRY(op_resize_bicubic(be, map1, map0, C, h0, w0, hp, wp));
+    MS_TRY(op_transpose(be, out, map1, C, hp * wp));
+    arena_reset(act, mark);
+    return MS_OK;
+}
+
+/* Stem: (3, ph, pw) -> tokens (N, C). */
+static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C) */,
+                          const float *input /* (3, ph, pw) */, const vit_weights *w,
+                          const ms_config *cfg, int ph, int pw)
+{
+    int C = cfg->embed_dim, p = cfg->patch_size, hp = ph / p, wp = pw / p;
+    size_t mark = arena_mark(act);
+    float *map;
+    ALLOC_F32(map, (size_t)C * hp * wp);
+    if (cfg->stem == MS_STEM_PATCH) {
+        MS_TRY(op_conv2d(be, map, input, w->patch.w, w->patch.b, 3, ph, pw, C, p, p, p, 0,
+                         MS_ACT_NONE));
+    } else {
+        const float *x = input;
+        int c = 3, h = ph, wd = pw;
+        for (int i = 0; i < cfg->n_stem; i++) {
+            const ms_conv *cv = &w->stem[i];
+            int ho = (h + 2 - 3) / 2 + 1, wo = (wd + 2 - 3) / 2 + 1;
+            float *y;
+            ALLOC_F32(y, (size_t)cv->co * ho * wo);
+            MS_TRY(op_conv2d(be, y, x, cv->w, cv->b, c, h, wd, cv->co, 3, 3, 2, 1, MS_ACT_RELU));
+            x = y, c = cv->co, h = ho, wd = wo;
+        }
+        if (h != hp || wd != wp)
+            return ms_error(MS_ERR_ARG, "conv stem produced a %dx%d grid, expected %dx%d", h, wd,
+                            hp, wp);
+        MS_TRY(op_conv2d(be, map, x, w->stem_proj.w, w->stem_proj.b, c, h, wd, C, 1, 1, 1, 0,
+                         MS_ACT_NONE));
+    }
+    MS_TRY(op_transpose(be, tokens, map, C, hp * wp));
+    arena_reset(act, mark);
+    return MS_OK;
+}
+
+ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float *input,
+                      const float *pos, const vit_weights *w, const ms_config *cfg,
+                      const vit_run *run, int ph, int pw, const ms_trace *tr)
+{
+    const int C = cfg->embed_dim, H = cfg->num_heads, p = cfg->patch_size;
+    const int hp = ph / p, wp = pw / p, N = hp * wp, R = cfg->mlp_ratio * C;
+    const int M = run->mita.gh * run->mita.gw, K = run->mita.topk;
+    size_t mark = arena_mark(act);
+    float *x, *xn, *qkv, *a, *hid;
+    ALLOC_F32(x, (size_t)N * C);
+    ALLOC_F32(xn, (size_t)N * C);
+    ALLOC_F32(qkv, (size_t)N * 3 * C);
+    ALLOC_F32(a, (size_t)N * C);
+    ALLOC_F32(hid, (size_t)N * R);
+
+    MS_TRY(vit_stem(be, act, x, input, w, cfg, ph, pw));
+    MS_TRY(op_add(be, x, x, pos, (size_t)N * C));
+    const int64_t tok_shape[2] = {N, C}, map_shape[3] = {C, hp, wp};
+    MS_TRY(trace_emit(be, tr, "embed", x, 2, tok_shape));
+
+    int last_tap = cfg->out_indices[3];
+    for (int i = 0; i < cfg->depth; i++) {
+        const vit_block *b = &w->blocks[i];
+        MS_TRY(op_layernorm(be, xn, x, b->norm1_w, b->norm1_b, N, C, cfg->ln_eps));
+        MS_TRY(op_linear(be, qkv, xn, b->qkv_w, b->qkv_b, N, C, 3 * C, MS_ACT_NONE, false));
+        if (run->attention == MS_ATTN_MITA) {
+            ms_mita_record rec = {0};
+            if (run->topk_idx) rec.topk_idx = run->topk_idx + (size_t)i * H * M * K;
+            if (run->route) rec.route = run->route + (size_t)i * H * N;
+            if (run->shared_mass) rec.shared_mass = run->shared_mass + (size_t)i * H * N;
+            bool any = rec.topk_idx || rec.route || rec.shared_mass;
+            MS_TRY(op_mita(be, a, qkv, hp, wp, C, H, &run->mita, any ? &rec : NULL));
+        } else {
+            MS_TRY(op_attention_full(be, a, qkv, N, C, H));
+        }
+        MS_TRY(op_linear(be, x, a, b->proj_w, b->proj_b, N, C, C, MS_ACT_NONE, true));
+        MS_TRY(op_layernorm(be, xn, x, b->norm2_w, b->norm2_b, N, C, cfg->ln_eps));
+        MS_TRY(op_linear(be, hid, xn, b->fc1_w, b->fc1_b, N, C, R, MS_ACT_GELU, false));
+        MS_TRY(op_linear(be, x, hid, b->fc2_w, b->fc2_b, N, R, C, MS_ACT_NONE, true));
+
+        char name[32];
+        snprintf(name, sizeof name, "blocks.%d", i);
+        MS_TRY(trace_emit(be, tr, name, x, 2, tok_shape));
+        for (int j = 0; j < 4; j++) {
+            if (cfg->out_indices[j] != i) continue;
+            const float *src = x;
+            if (cfg->final_norm && i == last_tap && j == 3) {
+                MS_TRY(op_layernorm(be, xn, x, w->norm_w, w->norm_b, N, C, cfg->ln_eps));
+                src = xn;
+            }
+            MS_TRY(op_transpose(be, taps[j], src, N, C));
+            snprintf(name, sizeof name, "taps.%d", j);
+            MS_TRY(trace_emit(be, tr, name, taps[j], 3, map_shape));
+        }
+    }
+    arena_reset(act, mark);
+    return MS_OK;
+}

@@ -1,0 +1,66 @@
+/* backbone/: the plain ViT of mita-spec section 1, with full or MiTA attention
+ * per run. It composes kernels/ops.h and holds no arithmetic loops itself. */
+#ifndef MS_VIT_H
+#define MS_VIT_H
+
+#include "../app/config.h"
+#include "../kernels/ops.h"
+
+/* A convolution with its BatchNorm (if any) folded in: y = conv(x, w) + b. */
+typedef struct {
+    float *w;   /* (co, ci, kh, kw); transposed conv: (ci, co, kh, kw) */
+    float *b;   /* (co) */
+    int co, ci, kh, kw;
+} ms_conv;
+
+typedef struct {
+    float *norm1_w, *norm1_b;   /* (C) */
+    float *qkv_w, *qkv_b;       /* (3C, C), (3C) */
+    float *proj_w, *proj_b;     /* (C, C), (C) */
+    float *norm2_w, *norm2_b;   /* (C) */
+    float *fc1_w, *fc1_b;       /* (rC, C), (rC) */
+    float *fc2_w, *fc2_b;       /* (C, rC), (C) */
+} vit_block;
+
+typedef struct {
+    ms_conv patch;                  /* patch stem: (C, 3, p, p) */
+    ms_conv stem[MS_MAX_STEM];      /* conv stem, BN folded */
+    ms_conv stem_proj;              /* (C, c_last, 1, 1) */
+    float *pos_embed;               /* (Hp0*Wp0, C) at cfg pos_grid */
+    vit_block *blocks;              /* (depth), host array of device pointers */
+    float *norm_w, *norm_b;         /* (C), final_norm only */
+} vit_weights;
+
+/* Optional stage dump for tests: called with device pointers' host copies. */
+typedef void (*ms_trace_fn)(void *user, const char *name, const float *data,
+                            int ndim, const int64_t *shape);
+typedef struct {
+    ms_trace_fn fn;
+    void *user;
+} ms_trace;
+
+/* Emits a trace of a device tensor (copies to the host when on CUDA). */
+ms_status trace_emit(ms_backend *be, const ms_trace *tr, const char *name,
+                     const float *data, int ndim, const int64_t *shape);
+
+typedef struct {
+    ms_attn_type attention;
+    ms_mita_params mita;            /* clamped to the grid */
+    /* MiTA records for all layers, or NULL (no recording). */
+    int32_t *topk_idx;              /* (depth, heads, m, k) */
+    int32_t *route;                 /* (depth, heads, n) */
+    float *shared_mass;             /* (depth, heads, n) */
+} vit_run;
+
+/* Resizes the stored position embedding to a (hp, wp) grid (bicubic), or
+ * copies it when the grid is the training grid. */
+ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out /* (hp*wp, C) */,
+                               const vit_weights *w, const ms_config *cfg, int hp, int wp);
+
+/* The backbone: input (3, ph, pw) -> four taps (C, hp, wp). */
+ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4] /* each (C, hp, wp) */,
+                      const float *input /* (3, ph, pw) */, const float *pos /* (hp*wp, C) */,
+                      const vit_weights *w, const ms_config *cfg, const vit_run *run,
+                      int ph, int pw, const ms_trace *tr);
+
+#endif

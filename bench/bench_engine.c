@@ -1,0 +1,74 @@
+/* Times engine_run on a synthetic image: warm-up once (plan + arena sizing),
+ * then --repeat runs. Prints one JSON line; bench/bench_cpu.py compares it
+ * with the PyTorch reference side by side. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "app/engine.h"
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model = NULL;
+    int w = 512, h = 512, repeat = 3, threads = 0;
+    ms_engine_options eo = {.device = MS_DEV_CPU};
+    ms_run_options ro = {.attention = -1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--model") && v) model = v, i++;
+        else if (!strcmp(a, "--size") && v) { if (sscanf(v, "%dx%d", &w, &h) != 2) return 2; i++; }
+        else if (!strcmp(a, "--repeat") && v) repeat = atoi(v), i++;
+        else if (!strcmp(a, "--threads") && v) threads = atoi(v), i++;
+        else if (!strcmp(a, "--attention") && v) { ro.attention = strcmp(v, "full") ? MS_ATTN_MITA : MS_ATTN_FULL; i++; }
+        else if (!strcmp(a, "--device") && v) { eo.device = strcmp(v, "cuda") ? MS_DEV_CPU : MS_DEV_CUDA; i++; }
+        else if (!strcmp(a, "--record")) ro.record = true;
+        else {
+            fprintf(stderr, "usage: bench_engine --model FILE [--size WxH] [--repeat N] [--threads N]"
+                            " [--attention mita|full] [--device cpu|cuda] [--record]\n");
+            return 2;
+        }
+    }
+    if (!model || w < 1 || h < 1 || repeat < 1) return 2;
+    eo.threads = threads;
+    ms_engine *e;
+    if (engine_init(&e, model, &eo) != MS_OK) {
+        fprintf(stderr, "bench_engine: %s\n", ms_last_error());
+        return 1;
+    }
+    ms_image img = {.w = w, .h = h, .rgb = malloc((size_t)w * h * 3)};
+    uint32_t s = 12345;
+    for (size_t i = 0; i < (size_t)w * h * 3; i++) img.rgb[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
+    ms_result res = {0};
+    double t0 = now_ms();
+    if (engine_run(e, &res, &img, &ro) != MS_OK) {
+        fprintf(stderr, "bench_engine: %s\n", ms_last_error());
+        return 1;
+    }
+    double first = now_ms() - t0, best = 1e30, sum = 0;
+    for (int r = 0; r < repeat; r++) {
+        t0 = now_ms();
+        if (engine_run(e, &res, &img, &ro) != MS_OK) {
+            fprintf(stderr, "bench_engine: %s\n", ms_last_error());
+            return 1;
+        }
+        double t = now_ms() - t0;
+        sum += t;
+        if (t < best) best = t;
+    }
+    printf("{\"first_ms\": %.3f, \"mean_ms\": %.3f, \"min_ms\": %.3f, \"device\": \"%s\", "
+           "\"tokens\": %d, \"attention\": \"%s\"}\n",
+           first, sum / repeat, best, res.device_name, res.n,
+           res.attention == MS_ATTN_MITA ? "mita" : "full");
+    result_free(&res);
+    free(img.rgb);
+    engine_free(e);
+    return 0;
+}

@@ -1,0 +1,97 @@
+/* Full attention on the CPU, flash-attention style: each (head, block of
+ * queries) walks the keys a block at a time; one sgemm makes the score tile,
+ * the online softmax rescales what was accumulated so far, a second sgemm
+ * adds tile @ V straight into the output. The (n, n) scores never exist.
+ *
+ * Threads take whole (head, query block) items and call single-threaded
+ * sgemm: alternating OpenMP loops with multi-threaded OpenBLAS calls per key
+ * block makes the two thread pools spin against each other (measured 4-8x
+ * slower on a loaded 2-core machine). */
+#include "attention_full.h"
+
+#include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static size_t chunk_floats(int qb, int kb) { return (size_t)qb * kb + 2 * (size_t)qb; }
+
+size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks)
+{
+    if (qb > n) qb = n;
+    if (kb > n) kb = n;
+    return chunk_floats(qb, kb) * (size_t)chunks;
+}
+
+/* Queries [q0, q0+nq) of head h. */
+static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int n, int c,
+                            int d, int h, int q0, int nq, int kb, float *ws /* (nq*kb + 2nq) */)
+{
+    int ld = 3 * c;
+    float s = 1.0f / sqrtf((float)d);
+    float *tile = ws;                     /* (nq, kb) scores, then probabilities */
+    float *mrun = ws + (size_t)nq * kb;   /* (nq) running max of each query's logits */
+    float *lrun = mrun + nq;              /* (nq) running sum of exp(logit - max) */
+    float *o = out + (size_t)q0 * c + (size_t)h * d; /* (nq, d), row stride c */
+    for (int i = 0; i < nq; i++) {
+        for (int j = 0; j < d; j++) o[(size_t)i * c + j] = 0.0f;
+        mrun[i] = -INFINITY;
+        lrun[i] = 0.0f;
+    }
+    for (int k0 = 0; k0 < n; k0 += kb) {
+        int nk = n - k0 < kb ? n - k0 : kb;
+        /* tile = s * Q[q0:q0+nq] K[k0:k0+nk]^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, s,
+                    qkv + (size_t)q0 * ld + (size_t)h * d, ld,
+                    qkv + (size_t)k0 * ld + c + (size_t)h * d, ld, 0.0f, tile, nk);
+        for (int i = 0; i < nq; i++) {
+            float *row = tile + (size_t)i * nk;
+            float mx = row[argmax_first(row, nk, 1)];
+            float m_new = mrun[i] > mx ? mrun[i] : mx;
+            float corr = softmax_rescale(mrun[i], m_new);
+            float sum = 0.0f;
+            for (int j = 0; j < nk; j++) {
+                row[j] = expf(row[j] - m_new);
+                sum += row[j];
+            }
+            lrun[i] = lrun[i] * corr + sum;
+            mrun[i] = m_new;
+            float *oi = o + (size_t)i * c;
+            for (int j = 0; j < d; j++) oi[j] *= corr;
+        }
+        /* o += tile @ V[k0:k0+nk] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, tile, nk,
+                    qkv + (size_t)k0 * ld + 2 * c + (size_t)h * d, ld, 1.0f, o, c);
+    }
+    for (int i = 0; i < nq; i++) {
+        float inv = 1.0f / lrun[i];
+        for (int j = 0; j < d; j++) o[(size_t)i * c + j] *= inv;
+    }
+}
+
+void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, int qb, int kb,
+                        float *ws, int chunks)
+{
+    if (qb > n) qb = n;
+    if (kb > n) kb = n;
+    int d = c / heads;
+    int qblocks = (n + qb - 1) / qb;
+    int items = heads * qblocks;
+    int blas_threads = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+#pragma omp parallel num_threads(chunks)
+    {
+        int t = 0;
+#ifdef _OPENMP
+        t = omp_get_thread_num();
+#endif
+        float *tws = ws + chunk_floats(qb, kb) * (size_t)t;
+#pragma omp for schedule(dynamic)
+        for (int it = 0; it < items; it++) {
+            int h = it / qblocks, q0 = (it % qblocks) * qb;
+            int nq = n - q0 < qb ? n - q0 : qb;
+            attention_block(out, qkv, n, c, d, h, q0, nq, kb, tws);
+        }
+    }
+    openblas_set_num_threads(blas_threads);
+}

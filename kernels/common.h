@@ -1,0 +1,104 @@
+/* kernels/: the ops mitaseg is built from. Each op has a CPU reference in
+ * <op>.c and a CUDA twin in <op>.cu; ops.h declares the backend-neutral
+ * dispatchers that backbone/ and decoder/ call. This header holds what every
+ * op shares: status codes, error messages, check macros, arenas, backends. */
+#ifndef MS_COMMON_H
+#define MS_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Scalar helpers shared by CPU ops and CUDA kernels, so CPU tests cover the
+ * arithmetic the kernels run. */
+#if defined(__CUDACC__)
+#define MS_HD __host__ __device__ __forceinline__
+#else
+#define MS_HD static inline
+#endif
+
+typedef enum {
+    MS_OK = 0,
+    MS_ERR_IO,          /* file missing, unreadable, write failed */
+    MS_ERR_FORMAT,      /* malformed or lying file */
+    MS_ERR_ARG,         /* bad argument or size */
+    MS_ERR_OOM,         /* host or device allocation failed */
+    MS_ERR_CUDA,        /* CUDA, cuBLAS or cuDNN failure */
+    MS_ERR_UNSUPPORTED  /* valid but not supported here (no GPU, ...) */
+} ms_status;
+
+/* Library code never prints: it records one message per thread and returns a
+ * status; app/ shows it. */
+ms_status ms_error(ms_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefixes the current message: "ctx: previous message". */
+ms_status ms_error_prefix(ms_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+const char *ms_last_error(void);
+void ms_clear_error(void);
+
+/* Propagate a non-OK status. */
+#define MS_TRY(call)                                   \
+    do {                                               \
+        ms_status ms_try_st_ = (call);                 \
+        if (ms_try_st_ != MS_OK) return ms_try_st_;    \
+    } while (0)
+
+/* Checked allocation: reports the call, file and line. */
+#define MS_CHECK_ALLOC(ptr, bytes)                                               \
+    do {                                                                         \
+        if ((ptr) == NULL)                                                       \
+            return ms_error(MS_ERR_OOM, "out of memory: %s (%zu bytes) at %s:%d", \
+                            #ptr, (size_t)(bytes), __FILE__, __LINE__);          \
+    } while (0)
+
+void *ms_malloc(size_t bytes);          /* 64-byte aligned, NULL on failure */
+void *ms_calloc(size_t n, size_t size); /* 64-byte aligned, zeroed, overflow-checked */
+void ms_free(void *p);
+
+/* Overflow-checked size products; false when the product overflows. */
+bool ms_mul_size(size_t *out, size_t a, size_t b);
+
+typedef enum { MS_DEVICE_CPU = 0, MS_DEVICE_CUDA = 1 } ms_device;
+
+/* A bump arena: one for weights, one for activations. In sizing mode nothing
+ * is allocated and only the high-water mark is tracked, so the engine can
+ * size the activation arena with a dry run at the first image of a size. */
+typedef struct {
+    uint8_t *base;    /* host or device memory, owned */
+    size_t cap;
+    size_t used;
+    size_t high;      /* high-water mark */
+    ms_device device;
+    bool sizing;
+} ms_arena;
+
+ms_status arena_init(ms_arena *a, size_t bytes, ms_device device);
+void arena_free(ms_arena *a);
+void arena_begin_sizing(ms_arena *a); /* frees storage, counts from zero */
+/* 256-byte aligned; NULL (with message set) when the arena is exhausted.
+ * In sizing mode returns a non-NULL dummy that must not be dereferenced. */
+void *arena_alloc(ms_arena *a, size_t bytes);
+static inline size_t arena_mark(const ms_arena *a) { return a->used; }
+static inline void arena_reset(ms_arena *a, size_t mark) { a->used = mark; }
+
+/* Where ops run. dry_run: ops return MS_OK without touching memory (sizing). */
+typedef struct {
+    ms_device device;
+    int threads;          /* CPU threads (OpenMP + OpenBLAS) */
+    bool dry_run;
+    bool fp32;            /* CUDA: FP32 GEMMs (verification); else FP16/BF16 tensor cores */
+    ms_arena *scratch;    /* temporary buffers for ops, from the activation arena */
+    void *cuda;           /* ms_cuda_ctx *, see kernels/cuda_ctx.h */
+} ms_backend;
+
+void backend_set_threads(ms_backend *be, int threads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

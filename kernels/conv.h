@@ -1,0 +1,60 @@
+/* Convolutions: conv2d (im2col + GEMM) and 2x2 stride-2 transposed conv. */
+#ifndef MS_CONV_H
+#define MS_CONV_H
+
+#include "linear.h" /* act_apply */
+
+/* Output length of a zero-padded convolution along one axis (< 1: invalid). */
+MS_HD int conv_out_size(int in, int k, int stride, int pad)
+{
+    return (in + 2 * pad - k) / stride + 1;
+}
+
+/* Scratch cap: im2col and the transposed conv's GEMM result are built a band
+ * of output rows at a time, so a 2048-channel 3x3 conv on a 128x128 map does
+ * not need a 1.2 GB column matrix. At least one row is always allowed. */
+#define MS_CONV_SCRATCH_FLOATS ((size_t)4 << 20)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Floats of scratch conv2d_cpu wants (0 for a 1x1 stride-1 unpadded conv,
+ * which is one GEMM on the input itself). */
+size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad);
+
+/* ws holds ws_floats floats, at least one output row's im2col columns
+ * (ci*kh*kw*wo) unless the conv is 1x1/stride 1/pad 0. */
+void conv2d_cpu(float *out /* (co, ho, wo) */, const float *in /* (ci, h, w) */,
+                const float *w /* (co, ci, kh, kw) */, const float *b /* (co) or NULL */, int ci,
+                int h, int wd, int co, int kh, int kw, int stride, int pad, ms_act act,
+                float *ws /* (ws_floats) */, size_t ws_floats);
+
+size_t conv_transpose2x2_scratch_floats(int ci, int h, int wd, int co);
+
+/* ws holds at least one input row's GEMM result (4*co*wd floats). */
+void conv_transpose2x2_cpu(float *out /* (co, 2h, 2w) */, const float *in /* (ci, h, w) */,
+                           const float *w /* (ci, co, 2, 2) */, const float *b /* (co) or NULL */,
+                           int ci, int h, int wd, int co, ms_act act,
+                           float *ws /* (ws_floats) */, size_t ws_floats);
+
+#ifdef MS_HAVE_CUDA
+/* Bytes of be->scratch the CUDA versions need (allocated by the dispatcher). */
+size_t conv2d_cuda_scratch_bytes(int ci, int h, int wd, int co, int kh, int kw, int stride,
+                                 int pad);
+ms_status conv2d_cuda(ms_backend *be, float *out /* (co, ho, wo) */,
+                      const float *in /* (ci, h, w) */, const float *w /* (co, ci, kh, kw) */,
+                      const float *b /* (co) or NULL */, int ci, int h, int wd, int co, int kh,
+                      int kw, int stride, int pad, ms_act act, void *ws);
+size_t conv_transpose2x2_cuda_scratch_bytes(int ci, int h, int wd, int co);
+ms_status conv_transpose2x2_cuda(ms_backend *be, float *out /* (co, 2h, 2w) */,
+                                 const float *in /* (ci, h, w) */,
+                                 const float *w /* (ci, co, 2, 2) */,
+                                 const float *b /* (co) or NULL */, int ci, int h, int wd, int co,
+                                 ms_act act, void *ws);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

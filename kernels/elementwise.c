@@ -1,0 +1,77 @@
+/* Memory-bound ops on the CPU. */
+#include "elementwise.h"
+
+#include <string.h>
+
+void add_cpu(float *out, const float *a, const float *b, size_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+/* Tiles so that both the reads and the writes stay in cache. */
+#define TRANSPOSE_TILE 32
+
+void transpose_cpu(float *out, const float *in, int rows, int cols)
+{
+    int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+    int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int tr = 0; tr < tiles_r; tr++) {
+        for (int tc = 0; tc < tiles_c; tc++) {
+            int r1 = (tr + 1) * TRANSPOSE_TILE < rows ? (tr + 1) * TRANSPOSE_TILE : rows;
+            int c1 = (tc + 1) * TRANSPOSE_TILE < cols ? (tc + 1) * TRANSPOSE_TILE : cols;
+            for (int r = tr * TRANSPOSE_TILE; r < r1; r++)
+                for (int c = tc * TRANSPOSE_TILE; c < c1; c++)
+                    out[(size_t)c * rows + r] = in[(size_t)r * cols + c];
+        }
+    }
+}
+
+void softmax_rows_cpu(float *x, int rows, int cols)
+{
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < rows; i++) {
+        float *row = x + (size_t)i * cols;
+        float mx = row[argmax_first(row, cols, 1)];
+        float sum = 0.0f;
+        for (int j = 0; j < cols; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < cols; j++) row[j] *= inv;
+    }
+}
+
+void crop_cpu(float *out, const float *in, int c, int h, int w, int ho, int wo)
+{
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int ch = 0; ch < c; ch++)
+        for (int y = 0; y < ho; y++)
+            memcpy(out + ((size_t)ch * ho + y) * wo, in + ((size_t)ch * h + y) * w,
+                   (size_t)wo * sizeof(float));
+}
+
+void argmax_cpu(uint8_t *out, const float *in, int c, int h, int w)
+{
+    long plane = (long)h * w;
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < plane; i++) out[i] = (uint8_t)argmax_first(in + i, c, plane);
+}
+
+void normalize_pad_cpu(float *out, const float *in, int h, int w, int hp, int wp,
+                       const float mean[3], const float stdv[3])
+{
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int ch = 0; ch < 3; ch++) {
+        for (int y = 0; y < hp; y++) {
+            float *o = out + ((size_t)ch * hp + y) * wp;
+            const float *src = in + ((size_t)ch * h + y) * w;
+            int x = 0;
+            if (y < h)
+                for (; x < w; x++) o[x] = normalize_value(src[x], mean[ch], stdv[ch]);
+            for (; x < wp; x++) o[x] = 0.0f;
+        }
+    }
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# End-to-end tests of `mitaseg eval` on hand-made label sets whose answer is
+# known: labels equal to the model's own masks (mIoU 100), labels that are all
+# wrong (0), and a mix whose metrics are computed independently in numpy.
+# Needs $MS_BIN and a small model (see e2e_segment.sh); exit 77 without one.
+set -u
+
+BIN=${MS_BIN:?MS_BIN must name the mitaseg binary}
+FIX=${MS_FIXTURES:-$(dirname "$0")/fixtures}
+PY=${MS_PYTHON:-/usr/bin/python3}
+HELPER=$(cd "$(dirname "$0")" && pwd)/e2e_images.py
+MODEL=${MS_TEST_MODEL:-}
+if [ -z "$MODEL" ]; then
+    for m in "$FIX"/tiny.model.safetensors "$FIX"/mita_d.model.safetensors "$FIX"/*.model.safetensors; do
+        [ -f "$m" ] && { MODEL=$m; break; }
+    done
+fi
+[ -n "$MODEL" ] && [ -e "$MODEL" ] || { echo "skip: no fixture model in $FIX"; exit 77; }
+"$PY" -c 'import PIL, numpy' 2>/dev/null || { echo "skip: $PY lacks PIL/numpy"; exit 77; }
+MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+export MITASEG_MODEL=$MODEL
+
+T=$(mktemp -d /tmp/ms_e2e_eval.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+cd "$T" || exit 1
+fails=0
+pass=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fails=$((fails + 1)); echo "FAIL $*"; }
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+h() { "$PY" "$HELPER" "$@"; }
+ev() { "$BIN" eval --threads 1 -q "$@"; }
+
+h img data/img/a.png 64 48 1
+h img data/img/b.png 40 30 2
+h img data/img/c.jpg 48 40 3
+"$BIN" segment --threads 1 -q data/img -o pred || { echo "FAIL segment"; exit 1; }
+mkdir -p data/same data/shift data/mix
+for n in a b c; do
+    h labels pred/$n.png data/same/$n.png data/shift/$n.png data/mix/$n.png "$MODEL" > expect_$n.json
+done
+# lists live in data/: paths are relative to the list's folder
+printf 'img/a.png same/a.png\nimg/b.png same/b.png\n# comment\n\nimg/c.jpg same/c.png\n' > data/same.txt
+printf 'img/a.png shift/a.png\nimg/b.png shift/b.png\n' > data/shift.txt
+printf 'img/a.png mix/a.png\n' > data/mix.txt
+
+ev --list data/same.txt --json same.json > out.txt 2>err.txt
+check "own masks as labels: exit 0" test $? -eq 0
+check "own masks as labels: mIoU 100.00 printed" grep -Eq '^mIoU +100\.00$' out.txt
+check "own masks as labels: aAcc, mAcc 100" bash -c "grep -Eq '^aAcc +100\.00$' out.txt && grep -Eq '^mAcc +100\.00$' out.txt"
+check "--json: mIoU, aAcc, mAcc 100" h json_close same.json '{"mIoU": 100, "aAcc": 100, "mAcc": 100}'
+check "--json: per-class entries" bash -c "'$PY' -c \"import json; d=json.load(open('same.json')); assert len(d['classes']) > 0 and 'IoU' in d['classes'][0] and d['images'] == 3\""
+check "timing line" grep -q "3 images evaluated in" out.txt
+
+ev --list data/shift.txt > out.txt 2>&1
+check "all-wrong labels: mIoU 0, aAcc 0" bash -c "grep -Eq '^mIoU +0\.00$' out.txt && grep -Eq '^aAcc +0\.00$' out.txt"
+
+ev --list data/mix.txt --json mix.json > out.txt 2>&1
+check "half-wrong labels with ignored pixels: metrics as computed in numpy" h json_close mix.json "$(cat expect_a.json)"
+
+ev --images data/img --labels data/same > out.txt 2>&1
+check "--images/--labels: pairs by name, mIoU 100" grep -Eq '^mIoU +100\.00$' out.txt
+
+ev --list data/same.txt --tile 64 --overlap 0 > out.txt 2>&1
+check "--tile covering the images: same result" grep -Eq '^mIoU +100\.00$' out.txt
+
+printf 'img/a.png same/b.png\nimg/b.png same/b.png\nimg/c.jpg nolabel.png\n' > data/badpairs.txt
+ev --list data/badpairs.txt > out.txt 2>err.txt
+rc=$?
+check "size mismatch / missing label: exit 1" test $rc -eq 1
+check "size mismatch: named" grep -q 'same/b.png: label is 40x30 but its image' err.txt
+check "missing label: named" grep -q 'nolabel.png' err.txt
+check "the good pair still counted" grep -q '^1 image evaluated, 2 failed' out.txt
+
+printf 'img/a.png\n' > data/oneword.txt
+ev --list data/oneword.txt >/dev/null 2>&1; check "malformed list: 2" test $? -eq 2
+ev --images data/img >/dev/null 2>&1; check "--images without --labels: 2" test $? -eq 2
+ev --list data/same.txt --attention full > out.txt 2>&1
+check "engine options: --attention full runs" bash -c "test $? -eq 0 && grep -q 'attention: full' out.txt"
+
+echo "$pass passed, $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# End-to-end tests of `mitaseg segment` (and `info`): every input form, every
+# output format, --overlay, --dump, --skip-existing, a corrupt file in the
+# middle, inputs never overwritten, sharding, tiling and interrupted runs.
+#
+# Needs $MS_BIN (the program) and a small model: $MS_TEST_MODEL, else the
+# first tests/fixtures/*.model.safetensors. Exit 77 (skipped) without one, or
+# without Python 3 with PIL and numpy (used to make and check images).
+set -u
+
+BIN=${MS_BIN:?MS_BIN must name the mitaseg binary}
+FIX=${MS_FIXTURES:-$(dirname "$0")/fixtures}
+PY=${MS_PYTHON:-/usr/bin/python3}
+HELPER=$(cd "$(dirname "$0")" && pwd)/e2e_images.py
+MODEL=${MS_TEST_MODEL:-}
+if [ -z "$MODEL" ]; then
+    for m in "$FIX"/tiny.model.safetensors "$FIX"/mita_d.model.safetensors "$FIX"/*.model.safetensors; do
+        [ -f "$m" ] && { MODEL=$m; break; }
+    done
+fi
+[ -n "$MODEL" ] && [ -e "$MODEL" ] || { echo "skip: no fixture model in $FIX"; exit 77; }
+"$PY" -c 'import PIL, numpy' 2>/dev/null || { echo "skip: $PY lacks PIL/numpy"; exit 77; }
+MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+export MITASEG_MODEL=$MODEL
+
+T=$(mktemp -d /tmp/ms_e2e_segment.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+cd "$T" || exit 1
+fails=0
+pass=0
+ok() { pass=$((pass + 1)); echo "ok   $*"; }
+bad() { fails=$((fails + 1)); echo "FAIL $*"; }
+# check NAME CMD...: CMD must succeed
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+seg() { "$BIN" segment --threads 1 "$@"; }
+
+# ---- helpers in Python (tests/e2e_images.py): make inputs, check outputs ----
+h() { "$PY" "$HELPER" "$@"; }
+
+# ---- inputs ------------------------------------------------------------------
+h img in/a.png 64 48 1
+h img in/b.jpg 40 30 2
+h img in/sub/c.png 50 34 3 L
+h img in/sub/deep/d.jpg 33 21 4
+echo "not an image" > in/notes.txt
+
+# ---- help and usage ------------------------------------------------------------
+for c in segment eval info; do
+    check "$c --help exits 0 on stdout" bash -c "'$BIN' $c --help | grep -q usage"
+done
+"$BIN" segment in/a.png >/dev/null 2>&1; check "no -o: usage error 2" test $? -eq 2
+"$BIN" segment in/a.png -o o --format jpeg >/dev/null 2>&1; check "bad --format: 2" test $? -eq 2
+"$BIN" segment in/a.png -o o --shard 0/2 >/dev/null 2>&1; check "bad --shard: 2" test $? -eq 2
+"$BIN" segment in/a.png -o o --frobnicate >/dev/null 2>&1; check "unknown option: 2" test $? -eq 2
+"$BIN" segment in/a.png -o o --devices 0,1 2>err.txt >/dev/null
+check "--devices 0,1: 2 with a reason" bash -c "test $? -eq 2 && grep -q 'several GPUs' err.txt"
+
+# ---- info -----------------------------------------------------------------------
+"$BIN" info "$MODEL" > info.txt 2>&1
+check "info exits 0" test $? -eq 0
+check "info prints config, grid, params, tensor table" bash -c \
+    "grep -q '\"backbone\"' info.txt && grep -q 'tokens' info.txt && grep -q 'parameters' info.txt && grep -q 'decode_head.conv_seg.weight' info.txt"
+"$BIN" info /nonexistent.safetensors >/dev/null 2>&1; check "info on a missing file: 1" test $? -eq 1
+
+# ---- input forms ----------------------------------------------------------------
+seg in/a.png in/b.jpg -o o_files 2>err.txt
+check "files: exit 0" test $? -eq 0
+check "files: index PNG, input size, model palette" h index_ok o_files/a.png in/a.png "$MODEL"
+check "files: JPEG input" h index_ok o_files/b.png in/b.jpg "$MODEL"
+check "summary line" grep -q "segmented 2 images, 0 failed, 0 skipped" err.txt
+
+seg in -o o_dir -q 2>err.txt
+check "folder: only its own images" bash -c "[ -f o_dir/a.png ] && [ -f o_dir/b.png ] && [ ! -e o_dir/sub ] && [ ! -e o_dir/notes.png ]"
+check "--quiet: no summary" test ! -s err.txt
+seg -r in -o o_rec -q
+check "-r: sub-folders mirrored" bash -c "[ -f o_rec/sub/c.png ] && [ -f o_rec/sub/deep/d.png ] && [ -f o_rec/a.png ]"
+check "-r: grey input" h index_ok o_rec/sub/c.png in/sub/c.png "$MODEL"
+check "same image, same mask" h same_ids o_rec/a.png o_files/a.png
+
+printf 'a.png\n# comment\n\nsub/deep/d.jpg\n' > in/list.txt
+seg --list in/list.txt -o o_list -q
+check "--list: relative to the list, sub-folders kept" bash -c "[ -f o_list/a.png ] && [ -f o_list/sub/deep/d.png ]"
+printf 'in/b.jpg\n%s\n' "$T/in/sub/c.png" | seg - -o o_stdin -q
+check "stdin: relative path mirrored, absolute by base name" bash -c "[ -f o_stdin/in/b.png ] && [ -f o_stdin/c.png ]"
+
+# ---- formats, overlay, dump ---------------------------------------------------------
+seg in/a.png -o o_label --format label -q
+check "--format label: grey ids equal the index mask" h label_ok o_label/a.png o_files/a.png
+seg in/a.png -o o_color --format color --overlay -q
+check "--format color: palette colours" h color_ok o_color/a.png o_files/a.png "$MODEL"
+check "--overlay: 50% blend" h overlay_ok o_color/a.overlay.png in/a.png o_files/a.png "$MODEL"
+seg in/a.png -o o_dump --dump a.safetensors -q
+check "--dump: logits, mask = PNG = argmax, MiTA layers" h dump_ok a.safetensors o_dump/a.png "$MODEL"
+seg in/a.png -o o_heat --heatmaps -q 2>err.txt
+rc=$?
+if grep -q "not available in this build" err.txt; then
+    echo "note: no headless renderer in this build; --heatmaps not exercised"
+else
+    check "--heatmaps: exit 0" test $rc -eq 0
+    check "--heatmaps: NAME.heatmaps.png decodes" h decodes o_heat/a.heatmaps.png
+    seg in/a.png -o o_heat2 --heatmaps --attention full -q 2>/dev/null
+    check "--heatmaps with full attention: usage error" test $? -eq 2
+fi
+"$BIN" segment in/a.png in/b.jpg --dump x.safetensors >/dev/null 2>&1
+check "--dump with two images: refused" test $? -eq 2
+
+# ---- tiles ----------------------------------------------------------------------------
+seg in/a.png -o o_tile1 --tile 64 --overlap 0 -q
+check "--tile covering the image = untiled" h same_ids o_tile1/a.png o_files/a.png
+seg in/a.png -o o_tile --tile 32 --overlap 8 -q
+check "--tile 32 --overlap 8: mask at the input size" h index_ok o_tile/a.png in/a.png "$MODEL"
+
+# ---- skip-existing ----------------------------------------------------------------------
+cp -r o_files o_skip
+touch -d '2001-01-01' o_skip/a.png
+rm o_skip/b.png
+echo partial > o_skip/b.png.tmp-99999      # a killed run's temp file
+seg in/a.png in/b.jpg -o o_skip --skip-existing 2>err.txt
+check "--skip-existing: 1 done, 1 skipped" grep -q "segmented 1 image, 0 failed, 1 skipped" err.txt
+check "--skip-existing: existing output untouched" test "$(stat -c %Y o_skip/a.png)" = "$(date -d 2001-01-01 +%s)"
+check "--skip-existing: a temp file is not an output" h index_ok o_skip/b.png in/b.jpg "$MODEL"
+
+# ---- a corrupt file in the middle ---------------------------------------------------------
+mkdir -p bad
+h img bad/1.png 48 32 5
+h img bad/3.png 48 32 6
+h truncate bad/1.png bad/2.png 60
+echo "garbage" > bad/4.jpg
+seg bad -o o_bad 2>err.txt
+rc=$?
+check "corrupt files: exit 1" test $rc -eq 1
+check "corrupt files: each named on one line" bash -c "grep -q '^mitaseg: bad/2.png: ' err.txt && grep -q '^mitaseg: bad/4.jpg: ' err.txt"
+check "corrupt files: the others written" h decodes o_bad/1.png o_bad/3.png
+check "corrupt files: no partial outputs" bash -c "[ ! -e o_bad/2.png ] && [ ! -e o_bad/4.png ] && [ -z \"\$(ls o_bad | grep tmp)\" ]"
+check "corrupt files: summary counts" grep -q "segmented 2 images, 2 failed" err.txt
+seg in/a.png nope.png -o o_missing 2>err.txt
+check "missing input: named, others done, exit 1" bash -c "test $? -eq 1 && grep -q 'nope.png' err.txt && [ -f o_missing/a.png ]"
+
+# ---- inputs are never overwritten -------------------------------------------------------------
+mkdir -p same
+cp in/a.png same/x.png
+h img same/y.jpg 20 20 7
+cp same/y.jpg same/z.jpg
+cp in/a.png same/z.png
+sum_before=$(md5sum same/x.png same/z.png)
+seg same -o same 2>err.txt
+rc=$?
+check "-o = input folder: exit 1" test $rc -eq 1
+check "-o = input folder: input PNGs unchanged" test "$sum_before" = "$(md5sum same/x.png same/z.png)"
+check "-o = input folder: reason given" grep -q "would overwrite the input" err.txt
+check "-o = input folder: the JPEG without a twin done" h index_ok same/y.png same/y.jpg "$MODEL"
+seg same -o same_out -q 2>err.txt
+check "a.jpg + a.png -> one name: second refused, named" bash -c "test $? -eq 1 && grep -q 'also the output of' err.txt"
+rm -f same/y.png
+
+# ---- sharding ------------------------------------------------------------------------------------
+mkdir -p many
+for i in $(seq -w 1 11); do h img many/img$i.png 24 16 $((10 + 10#$i)); done
+for s in 1 2 3; do seg many -o "o_shard$s" --shard $s/3 -q || bad "shard $s/3 run"; done
+all=$(cd many && ls | sort)
+union=$(for s in 1 2 3; do (cd "o_shard$s" && ls); done | sort)
+dups=$(for s in 1 2 3; do (cd "o_shard$s" && ls); done | sort | uniq -d)
+check "shards cover the inputs" test "$all" = "$union"
+check "shards are disjoint" test -z "$dups"
+check "shard 1/3 is positions 0, 3, 6, 9" test "$(cd o_shard1 && ls | tr '\n' ' ')" = "img01.png img04.png img07.png img10.png "
+
+# ---- interrupted runs ------------------------------------------------------------------------------
+# Many copies of a large-ish image, one thread: slow enough to interrupt.
+mkdir -p big
+h img big/src.png 480 360 99
+for i in $(seq -w 1 120); do cp big/src.png big/im$i.png; done
+rm big/src.png
+interrupt() { # interrupt SIGNAL OUTDIR -> exit status of the killed run
+    "$BIN" segment big -o "$2" --threads 1 -q 2>/dev/null &
+    local pid=$! n=0
+    for _ in $(seq 1 600); do
+        n=$(ls "$2" 2>/dev/null | grep -c '\.png$')
+        [ "$n" -ge 2 ] && break
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.05
+    done
+    kill -"$1" $pid 2>/dev/null
+    { wait $pid; } 2>/dev/null
+}
+interrupt INT o_int
+rc=$?
+n=$(ls o_int | grep -c '\.png$')
+if [ "$n" -lt 120 ]; then
+    check "SIGINT: exit 130" test $rc -eq 130
+    check "SIGINT: every .png decodes ($n written)" h decodes o_int/*.png
+    check "SIGINT: no temp files left" bash -c "[ -z \"\$(ls o_int | grep -v '\.png$')\" ]"
+else
+    echo "note: the run finished before SIGINT; interrupt checks not exercised"
+fi
+interrupt KILL o_kill
+n=$(ls o_kill | grep -c '\.png$')
+if [ "$n" -lt 120 ]; then
+    check "SIGKILL: every .png decodes ($n written)" h decodes o_kill/*.png
+    check "SIGKILL: temp names are not .png" bash -c "! ls o_kill | grep -v '\.png$' | grep -qv '\.png\.tmp-[0-9]*$'"
+    seg big -o o_kill --skip-existing -q
+    check "resume after SIGKILL: all 120 written and whole" bash -c \
+        "[ \$(ls o_kill | grep -c '\.png$') -eq 120 ] && '$PY' '$HELPER' decodes o_kill/*.png"
+else
+    echo "note: the run finished before SIGKILL; kill checks not exercised"
+fi
+
+echo "$pass passed, $fails failed"
+[ $fails -eq 0 ]

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# The viewer, end to end. First the headless renderer (every view decodes,
+# layers differ, out-of-range selections exit 2 with the valid range). Then
+# the window under Xvfb, driven with real X input events (xdotool): open an
+# image, switch to the heatmap, save, change the layer, save again, hide a
+# class by clicking its legend entry, save, quit with Escape. Checks the saved
+# PNGs decode, sit next to the image, and change when the view changes.
+# Env: MS_BIN (mitaseg), MS_FIXTURES. Exit 77 (skipped) without python3 or the
+# fixture model, or (after the render checks) without Xvfb or xdotool.
+set -u
+
+BIN=${MS_BIN:-build/mitaseg}
+FIX=${MS_FIXTURES:-tests/fixtures}
+MODEL="$FIX/mita_d.model.safetensors"
+
+command -v python3 >/dev/null 2>&1 || { echo "skip: python3 not installed"; exit 77; }
+[ -f "$MODEL" ] || { echo "skip: fixture model $MODEL missing"; exit 77; }
+[ -x "$BIN" ] || { echo "FAIL: $BIN is not an executable"; exit 1; }
+
+TMP=$(mktemp -d)
+XVFB_PID=""
+VIEW_PID=""
+cleanup() {
+    [ -n "$VIEW_PID" ] && kill "$VIEW_PID" 2>/dev/null
+    [ -n "$XVFB_PID" ] && kill "$XVFB_PID" 2>/dev/null
+    [ -n "$XVFB_PID" ] && wait "$XVFB_PID" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*"
+    echo "--- viewer log"; cat "$TMP/log" 2>/dev/null
+    echo "--- viewer stderr"; cat "$TMP/err" 2>/dev/null
+    exit 1
+}
+
+# PNG checks in plain python3 (zlib): decode, unfilter, compare.
+cat >"$TMP/png.py" <<'EOF'
+import struct, sys, zlib
+
+def decode(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path + ": not a PNG"
+    pos, idat, plte = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        crc = struct.unpack(">I", data[pos + 8 + n:pos + 12 + n])[0]
+        assert zlib.crc32(kind + body) & 0xffffffff == crc, path + ": bad CRC in " + kind.decode()
+        if kind == b"IHDR":
+            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"PLTE":
+            plte = body
+        elif kind == b"IEND":
+            break
+        pos += 12 + n
+    assert depth == 8 and interlace == 0, path + ": unexpected depth/interlace"
+    bpp = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}[ctype]
+    raw = zlib.decompress(idat)
+    stride = w * bpp
+    assert len(raw) == h * (stride + 1), path + ": truncated image data"
+    out, prev = [], bytearray(stride)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if f == 1: line[i] = (line[i] + a) & 255
+            elif f == 2: line[i] = (line[i] + b) & 255
+            elif f == 3: line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pr = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                line[i] = (line[i] + pr) & 255
+            else:
+                assert f == 0, path + ": bad filter %d" % f
+        out.append(bytes(line))
+        prev = line
+    return w, h, bpp, b"".join(out)
+
+cmd = sys.argv[1]
+if cmd == "size":            # size PNG -> "W H"
+    w, h, _, _ = decode(sys.argv[2])
+    print(w, h)
+elif cmd == "differ":        # differ A B MIN_FRACTION: fail unless enough pixels differ
+    wa, ha, ba, pa = decode(sys.argv[2])
+    wb, hb, bb, pb = decode(sys.argv[3])
+    assert (wa, ha, ba) == (wb, hb, bb), "sizes differ"
+    n = wa * ha
+    d = sum(1 for i in range(n) if pa[i * ba:(i + 1) * ba] != pb[i * bb:(i + 1) * bb])
+    print("%d of %d pixels differ" % (d, n))
+    sys.exit(0 if d >= float(sys.argv[4]) * n else 1)
+elif cmd == "write":         # write PATH W H: a test picture (RGB gradient + shapes)
+    w, h = int(sys.argv[3]), int(sys.argv[4])
+    rows = []
+    for y in range(h):
+        row = bytearray()
+        for x in range(w):
+            inside = (x - w // 2) ** 2 + (y - h // 2) ** 2 < (h // 4) ** 2
+            row += bytes(((x * 255) // w, (y * 255) // h, 220 if inside else 40))
+        rows.append(b"\x00" + bytes(row))
+    def chunk(k, b):
+        return struct.pack(">I", len(b)) + k + b + struct.pack(">I", zlib.crc32(k + b) & 0xffffffff)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+    png += chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b"")
+    open(sys.argv[2], "wb").write(png)
+EOF
+png() { python3 "$TMP/png.py" "$@"; }
+
+mkdir -p "$TMP/imgs"
+IMG="$TMP/imgs/scene.png"
+png write "$IMG" 160 120 || fail "cannot write the test image"
+IMG_SUM=$(cksum <"$IMG")
+
+# The headless renderer first (no display needed): every view decodes at the
+# asked size, layers differ, out-of-range selections are refused.
+for view in overlay heatmap strip expert routing query; do
+    "$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --view "$view" --size 400x300 \
+        -o "$TMP/r-$view.png" 2>"$TMP/err" || fail "render --view $view failed: $(cat "$TMP/err")"
+    [ "$(png size "$TMP/r-$view.png")" = "400 300" ] || fail "render --view $view: wrong size"
+done
+"$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --view heatmap --layer 0 --size 400x300 \
+    -o "$TMP/r-heat0.png" 2>/dev/null || fail "render --layer 0 failed"
+png differ "$TMP/r-heatmap.png" "$TMP/r-heat0.png" 0.01 >/dev/null || fail "render: layer 0 and the last layer look the same"
+"$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --layer 99 -o "$TMP/bad.png" 2>"$TMP/err"
+[ $? -eq 2 ] || fail "render --layer 99 did not exit 2"
+grep -q 'layers 0\.\.' "$TMP/err" || fail "render --layer 99 did not give the valid range: $(cat "$TMP/err")"
+[ ! -e "$TMP/bad.png" ] || fail "render --layer 99 still wrote a file"
+"$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --view expert --expert 999 -o "$TMP/bad.png" 2>"$TMP/err"
+[ $? -eq 2 ] || fail "render --expert 999 did not exit 2"
+echo "ok: render"
+
+for tool in Xvfb xdotool; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "skip: $tool not installed"; exit 77; }
+done
+
+# A free display number: no lock file and no socket.
+DNUM=""
+for n in $(seq 87 140); do
+    if [ ! -e "/tmp/.X$n-lock" ] && [ ! -e "/tmp/.X11-unix/X$n" ]; then DNUM=$n; break; fi
+done
+[ -n "$DNUM" ] || { echo "skip: no free X display number"; exit 77; }
+Xvfb ":$DNUM" -screen 0 1280x1024x24 -nolisten tcp >"$TMP/xvfb.log" 2>&1 &
+XVFB_PID=$!
+export DISPLAY=":$DNUM"
+for _ in $(seq 1 100); do
+    xdotool getmouselocation >/dev/null 2>&1 && break
+    kill -0 "$XVFB_PID" 2>/dev/null || { cat "$TMP/xvfb.log"; echo "skip: Xvfb did not start"; exit 77; }
+    sleep 0.1
+done
+xdotool getmouselocation >/dev/null 2>&1 || fail "Xvfb :$DNUM is not answering"
+
+
+WW=900; WH=600
+SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
+    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
+VIEW_PID=$!
+
+WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
+[ -n "$WIN" ] || fail "no mitaseg window appeared"
+
+# wait_log REGEX [SECONDS]: until a log line matches (prints the last match)
+wait_log() {
+    local t=$(( ${2:-60} * 10 ))
+    for _ in $(seq 1 "$t"); do
+        if grep -Eq "$1" "$TMP/log"; then grep -E "$1" "$TMP/log" | tail -1; return 0; fi
+        kill -0 "$VIEW_PID" 2>/dev/null || fail "viewer exited while waiting for /$1/"
+        sleep 0.1
+    done
+    fail "timed out waiting for /$1/"
+}
+# count_log REGEX: how many lines match
+count_log() { grep -Ec "$1" "$TMP/log"; }
+
+wait_log '^ready' 120 >/dev/null
+# keyboard focus follows the pointer without a window manager; also ask for it
+xdotool mousemove --window "$WIN" 20 20
+xdotool windowfocus --sync "$WIN" 2>/dev/null || true
+sleep 0.2
+
+# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
+save_now() {
+    local before
+    before=$(count_log '^saved ')
+    xdotool key s
+    for _ in $(seq 1 100); do
+        [ "$(count_log '^saved ')" -gt "$before" ] && break
+        sleep 0.1
+    done
+    [ "$(count_log '^saved ')" -gt "$before" ] || fail "S saved nothing"
+    # "saved VIEW MASK"
+    grep -E '^saved ' "$TMP/log" | tail -1 | cut -d' ' -f2-
+}
+
+# 1. heatmap view at the default (last) layer
+xdotool key 2
+read -r V1 M1 < <(save_now)
+[[ "$V1" == *view-heatmap-L3.png ]] || fail "unexpected view file name $V1"
+[ "$(dirname "$V1")" = "$TMP/imgs" ] || [ "$(cd "$(dirname "$V1")" && pwd)" = "$TMP/imgs" ] \
+    || fail "saved $V1, not next to the image"
+[ "$(png size "$V1")" = "$WW $WH" ] || fail "$V1 does not decode to ${WW}x${WH}"
+[ "$(png size "$M1")" = "160 120" ] || fail "$M1 does not decode to the image size"
+cp "$V1" "$TMP/heat_l3.png"
+
+# 2. one layer down: the heatmap changes
+xdotool key Down
+wait_log '^layer 2$' 10 >/dev/null
+read -r V2 _ < <(save_now)
+[[ "$V2" == *view-heatmap-L2.png ]] || fail "after Down: unexpected view file name $V2"
+png differ "$TMP/heat_l3.png" "$V2" 0.01 || fail "the heatmap did not change with the layer"
+
+# 3. overlay, then hide the first legend class with a click: the overlay changes
+N=$(wc -l <"$TMP/log")
+xdotool key 1
+for _ in $(seq 1 100); do
+    tail -n +"$((N + 1))" "$TMP/log" | grep -Eq '^layout image' && break
+    sleep 0.1
+done
+read -r V3 _ < <(save_now)
+[[ "$V3" == *view-overlay-L2.png ]] || fail "unexpected overlay file name $V3"
+cp "$V3" "$TMP/overlay_before.png"
+# the legend entries the window logged when the view changed: "layout legend CLASS X Y"
+read -r _ _ CLS CX CY < <(tail -n +"$((N + 1))" "$TMP/log" | grep -E '^layout legend ' | head -1)
+[ -n "${CX:-}" ] || fail "no legend entry in the layout log"
+xdotool mousemove --window "$WIN" "$CX" "$CY" click 1
+wait_log "^class $CLS hidden" 10 >/dev/null
+read -r V4 _ < <(save_now)
+png differ "$TMP/overlay_before.png" "$V4" 0.005 || fail "hiding class $CLS did not change the overlay"
+
+# 4. the input is untouched; Escape quits with status 0
+[ "$(cksum <"$IMG")" = "$IMG_SUM" ] || fail "the input image changed"
+xdotool key Escape
+for _ in $(seq 1 100); do
+    kill -0 "$VIEW_PID" 2>/dev/null || break
+    sleep 0.1
+done
+kill -0 "$VIEW_PID" 2>/dev/null && fail "Escape did not quit"
+wait "$VIEW_PID"
+RC=$?
+VIEW_PID=""
+[ "$RC" -eq 0 ] || fail "viewer exit status $RC"
+echo "ok: e2e_viewer"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite: the release build (warnings as errors, CUDA compiled
+# when nvcc exists) with every test, then the engine, loader and image tests
+# again under AddressSanitizer + UBSan, then the Python tools' tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+jobs=$(nproc)
+
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMS_WERROR=ON ${MS_CMAKE_ARGS:-}
+ninja -C build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+# Sanitizers: no CUDA (nothing runs it here), leak checks on.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMS_WERROR=ON -DMS_SANITIZE=ON \
+      -DMS_CUDA=OFF -DMS_VIEWER=OFF
+ninja -C build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E '^e2e_'
+
+# Python tools (reference model, training, converters).
+/usr/bin/python3 -m unittest discover -s tools/tests -t . -v

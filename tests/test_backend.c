@@ -1,0 +1,518 @@
+/* Backend test, as ggml's test-backend-ops: every op on CUDA against its CPU
+ * twin on random inputs of several shapes (odd sizes, n not a multiple of the
+ * kernels' tiles, k >= n, experts that receive no query), in FP32 mode and
+ * in the tensor-core mode. Without a usable GPU (or without CUDA in the
+ * build) it prints why and exits 77: skipped, never passed.
+ * MS_BACKEND_SMALL=1 drops the largest shapes (for compute-sanitizer). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "tests/testutil.h"
+
+#ifdef MS_HAVE_CUDA
+#include "kernels/cuda_ctx.h"
+
+/* Tolerances, normwise: max|gpu - cpu| <= tol * max|cpu| (elementwise
+ * relative error is meaningless near zeros).
+ * FP32: 1e-4 (the issue's bound; only summation orders differ, ~1e-6 seen
+ * in the CPU emulation of the kernels).
+ * Tensor-core mode, GEMM ops (linear, conv_transpose2x2): operands rounded
+ * to BF16 (unit roundoff 2^-8 = 3.9e-3); a dot product's rounding errors of
+ * the two operands (~2u per term, random signs) grow like its value's sqrt(K)
+ * random-walk, so the normwise error is ~2u = 8e-3: 3e-2 leaves a margin
+ * for the maximum over many outputs. conv2d in that mode uses TF32
+ * (u = 2^-11): 1e-2. Ops that use no GEMM are FP32 in both modes. */
+#define TOL_FP32 1e-4
+#define TOL_BF16 3e-2
+#define TOL_TF32 1e-2
+
+static ms_cuda_ctx *g_cu;
+static ms_arena g_dev;     /* test tensors */
+static ms_arena g_scratch; /* op scratch, as the engine's activation arena */
+static bool g_small;
+
+static ms_backend cpu_be(void)
+{
+    ms_backend be;
+    memset(&be, 0, sizeof be);
+    be.device = MS_DEVICE_CPU;
+    backend_set_threads(&be, 0);
+    return be;
+}
+
+static ms_backend gpu_be(bool fp32)
+{
+    ms_backend be;
+    memset(&be, 0, sizeof be);
+    be.device = MS_DEVICE_CUDA;
+    be.fp32 = fp32;
+    be.cuda = g_cu;
+    be.scratch = &g_scratch;
+    return be;
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = arena_alloc(&g_dev, bytes);
+    ck_assert_msg(p != NULL, "device arena: %s", ms_last_error());
+    return p;
+}
+
+static float *dput(const float *h, size_t n)
+{
+    float *d = dalloc(n * sizeof(float));
+    ck_assert_msg(cuda_copy_h2d(g_cu, d, h, n * sizeof(float)) == MS_OK, "%s", ms_last_error());
+    return d;
+}
+
+static void dget(void *h, const void *d, size_t bytes)
+{
+    ck_assert_msg(cuda_copy_d2h(g_cu, h, d, bytes) == MS_OK, "%s", ms_last_error());
+    ck_assert_msg(cuda_sync(g_cu) == MS_OK, "%s", ms_last_error());
+}
+
+static float *hrand(size_t n, uint32_t seed, float lo, float hi)
+{
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    rand_fill(x, n, seed, lo, hi);
+    return x;
+}
+
+/* Poison so that an element the kernel forgot to write shows up. */
+static float *hpoison(size_t n)
+{
+    float *x = malloc((n ? n : 1) * sizeof(float));
+    ck_assert_ptr_nonnull(x);
+    for (size_t i = 0; i < n; i++) x[i] = NAN;
+    return x;
+}
+
+static void check_close(const float *got, const float *ref, size_t n, double tol,
+                        const char *what)
+{
+    double err = max_abs_diff(got, ref, n), scale = max_abs(ref, n);
+    if (scale < 1e-30) scale = 1e-30;
+    ck_assert_msg(err <= tol * scale, "%s: max abs diff %g > %g * max|ref| %g", what, err, tol,
+                  scale);
+}
+
+#define OK(call) ck_assert_msg((call) == MS_OK, "%s: %s", #call, ms_last_error())
+
+/* Runs one float-output op on both backends: cpu_call/gpu_call fill out. */
+#define BOTH_MODES for (int mode = 0; mode < 2; mode++)
+
+START_TEST(test_linear)
+{
+    const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {65, 96, 130}, {197, 384, 1152}};
+    for (size_t si = 0; si < 4; si++) {
+        int n = shapes[si][0], cin = shapes[si][1], cout = shapes[si][2];
+        if (g_small && si == 3) continue;
+        size_t mark = arena_mark(&g_dev);
+        float *in = hrand((size_t)n * cin, 1 + (uint32_t)si, -1, 1);
+        float *w = hrand((size_t)cout * cin, 2 + (uint32_t)si, -1, 1);
+        float *b = hrand((size_t)cout, 3 + (uint32_t)si, -1, 1);
+        float *res = hrand((size_t)n * cout, 4 + (uint32_t)si, -1, 1);
+        float *ref = malloc((size_t)n * cout * sizeof(float)), *got = hpoison((size_t)n * cout);
+        float *din = dput(in, (size_t)n * cin), *dw = dput(w, (size_t)cout * cin),
+              *db = dput(b, (size_t)cout), *dout = dalloc((size_t)n * cout * sizeof(float));
+        ms_backend cb = cpu_be();
+        for (int act = 0; act < 3; act++)
+            for (int withb = 0; withb < 2; withb++)
+                for (int resid = 0; resid < 2; resid++) {
+                    if (resid && act) continue;
+                    BOTH_MODES
+                    {
+                        ms_backend gb = gpu_be(mode == 0);
+                        memcpy(ref, res, (size_t)n * cout * sizeof(float));
+                        OK(cuda_copy_h2d(g_cu, dout, res, (size_t)n * cout * sizeof(float)));
+                        OK(op_linear(&cb, ref, in, w, withb ? b : NULL, n, cin, cout,
+                                     (ms_act)act, resid));
+                        OK(op_linear(&gb, dout, din, dw, withb ? db : NULL, n, cin, cout,
+                                     (ms_act)act, resid));
+                        dget(got, dout, (size_t)n * cout * sizeof(float));
+                        char what[96];
+                        snprintf(what, sizeof what, "linear %dx%dx%d act %d b %d res %d %s", n,
+                                 cin, cout, act, withb, resid, mode ? "bf16" : "fp32");
+                        check_close(got, ref, (size_t)n * cout, mode ? TOL_BF16 : TOL_FP32, what);
+                    }
+                }
+        free(in); free(w); free(b); free(res); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+}
+END_TEST
+
+START_TEST(test_layernorm_add_transpose_softmax)
+{
+    ms_backend cb = cpu_be(), gb = gpu_be(true);
+    const int shapes[][2] = {{1, 1}, {7, 384}, {33, 1000}, {3, 4097}};
+    for (size_t si = 0; si < 4; si++) {
+        int n = shapes[si][0], c = shapes[si][1];
+        size_t nc = (size_t)n * c, mark = arena_mark(&g_dev);
+        /* a large mean, as in ViT residual streams */
+        float *x = hrand(nc, 10 + (uint32_t)si, 20.0f, 24.0f), *y = hrand(nc, 20 + (uint32_t)si, -3, 3);
+        float *w = hrand((size_t)c, 30, 0.5f, 1.5f), *b = hrand((size_t)c, 31, -1, 1);
+        float *ref = malloc(nc * sizeof(float)), *got = hpoison(nc);
+        float *dx = dput(x, nc), *dy = dput(y, nc), *dw = dput(w, (size_t)c), *db = dput(b, (size_t)c);
+        float *dout = dalloc(nc * sizeof(float));
+
+        OK(op_layernorm(&cb, ref, x, w, b, n, c, 1e-6f));
+        OK(op_layernorm(&gb, dout, dx, dw, db, n, c, 1e-6f));
+        dget(got, dout, nc * sizeof(float));
+        check_close(got, ref, nc, TOL_FP32, "layernorm");
+
+        OK(op_add(&cb, ref, x, y, nc));
+        OK(op_add(&gb, dout, dx, dy, nc));
+        dget(got, dout, nc * sizeof(float));
+        check_close(got, ref, nc, TOL_FP32, "add");
+        OK(op_add(&gb, dx, dx, dy, nc)); /* out aliases a */
+        dget(got, dx, nc * sizeof(float));
+        check_close(got, ref, nc, TOL_FP32, "add in place");
+
+        OK(op_transpose(&cb, ref, y, n, c));
+        OK(op_transpose(&gb, dout, dy, n, c));
+        dget(got, dout, nc * sizeof(float));
+        check_close(got, ref, nc, 0.0, "transpose");
+
+        memcpy(ref, y, nc * sizeof(float));
+        OK(op_softmax_rows(&cb, ref, n, c));
+        OK(op_softmax_rows(&gb, dy, n, c));
+        dget(got, dy, nc * sizeof(float));
+        check_close(got, ref, nc, TOL_FP32, "softmax_rows");
+        free(x); free(y); free(w); free(b); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+}
+END_TEST
+
+START_TEST(test_attention_full)
+{
+    /* d = 8 (generic path), 64, 32, 128, 24; n below, at and past the tiles */
+    const int shapes[][3] = {{1, 8, 1}, {13, 24, 3}, {130, 64, 1}, {257, 128, 4},
+                             {200, 256, 2}, {1000, 384, 6}};
+    for (size_t si = 0; si < 6; si++) {
+        int n = shapes[si][0], c = shapes[si][1], heads = shapes[si][2];
+        if (g_small && si == 5) continue;
+        size_t mark = arena_mark(&g_dev), nq = (size_t)n * 3 * c, no = (size_t)n * c;
+        float *qkv = hrand(nq, 40 + (uint32_t)si, -2, 2);
+        float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
+        float *dqkv = dput(qkv, nq), *dout = dput(got, no);
+        ms_backend cb = cpu_be();
+        OK(op_attention_full(&cb, ref, qkv, n, c, heads));
+        BOTH_MODES
+        {
+            ms_backend gb = gpu_be(mode == 0);
+            OK(op_attention_full(&gb, dout, dqkv, n, c, heads));
+            dget(got, dout, no * sizeof(float));
+            check_close(got, ref, no, TOL_FP32, "attention_full");
+        }
+        free(qkv); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+}
+END_TEST
+
+typedef struct {
+    int hp, wp, c, heads, gh, gw, k;
+    bool shd;
+} mita_case;
+
+START_TEST(test_mita)
+{
+    const mita_case cases[] = {
+        {5, 7, 16, 2, 3, 3, 4, true},      /* d = 8, generic kernel */
+        {2, 3, 8, 1, 2, 2, 6, false},      /* k = n */
+        {9, 11, 128, 2, 7, 7, 49, true},   /* d = 64, default M and k, empty experts */
+        {13, 10, 96, 3, 4, 5, 17, false},  /* d = 32, overlapping windows */
+        {25, 40, 384, 3, 7, 7, 100, true}, /* d = 128, n = 1000, key tiles of 64 */
+        {1, 1, 4, 1, 1, 1, 1, true},       /* one token */
+        {50, 100, 16, 1, 2, 2, 4500, false}, /* k > MS_TOPK_SMEM: rank-sort path */
+        {64, 64, 384, 6, 7, 7, 49, true},  /* n = 4096, DeiT-S width */
+    };
+    int ncases = (int)(sizeof cases / sizeof cases[0]);
+    int empty = 0;
+    for (int ci = 0; ci < ncases; ci++) {
+        const mita_case *t = &cases[ci];
+        if (g_small && (ci == 6 || ci == 7)) continue;
+        int n = t->hp * t->wp, m = t->gh * t->gw, H = t->heads, k = t->k;
+        size_t mark = arena_mark(&g_dev), nq = (size_t)n * 3 * t->c, no = (size_t)n * t->c;
+        size_t ntk = (size_t)H * m * k, nr = (size_t)H * n;
+        float *qkv = hrand(nq, 60 + (uint32_t)ci, -1.5f, 1.5f);
+        float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
+        float *rmass = malloc(nr * sizeof(float)), *gmass = hpoison(nr);
+        int32_t *rtopk = malloc(ntk * 4), *gtopk = malloc(ntk * 4);
+        int32_t *rroute = malloc(nr * 4), *groute = malloc(nr * 4);
+        ck_assert(ref && rmass && rtopk && gtopk && rroute && groute);
+        ms_mita_params p = {t->gh, t->gw, k, t->shd};
+        ms_backend cb = cpu_be();
+        ms_mita_record rrec = {rtopk, rroute, rmass};
+        OK(op_mita(&cb, ref, qkv, t->hp, t->wp, t->c, H, &p, &rrec));
+
+        float *dqkv = dput(qkv, nq), *dout = dput(got, no), *dmass = dput(gmass, nr);
+        int32_t *dtopk = dalloc(ntk * 4), *droute = dalloc(nr * 4);
+        BOTH_MODES
+        {
+            ms_backend gb = gpu_be(mode == 0);
+            ms_mita_record grec = {dtopk, droute, dmass};
+            OK(op_mita(&gb, dout, dqkv, t->hp, t->wp, t->c, H, &p, &grec));
+            dget(got, dout, no * sizeof(float));
+            dget(gmass, dmass, nr * sizeof(float));
+            dget(gtopk, dtopk, ntk * 4);
+            dget(groute, droute, nr * 4);
+            /* MiTA's GEMMs are FP32 in both modes (kernels/mita.cu), so the
+             * index sets and routes must match exactly in both. */
+            for (size_t i = 0; i < ntk; i++)
+                ck_assert_msg(gtopk[i] == rtopk[i], "case %d mode %d: topk[%zu] gpu %d cpu %d",
+                              ci, mode, i, gtopk[i], rtopk[i]);
+            for (size_t i = 0; i < nr; i++)
+                ck_assert_msg(groute[i] == rroute[i], "case %d mode %d: route[%zu] gpu %d cpu %d",
+                              ci, mode, i, groute[i], rroute[i]);
+            check_close(got, ref, no, TOL_FP32, "mita out");
+            check_close(gmass, rmass, nr, TOL_FP32, "mita shared mass");
+            /* without records: same output */
+            float *dout2 = dalloc(no * sizeof(float));
+            OK(op_mita(&gb, dout2, dqkv, t->hp, t->wp, t->c, H, &p, NULL));
+            dget(got, dout2, no * sizeof(float));
+            check_close(got, ref, no, TOL_FP32, "mita out without records");
+        }
+        /* count experts that no query chose */
+        for (int h = 0; h < H; h++)
+            for (int e = 0; e < m; e++) {
+                int cnt = 0;
+                for (int q = 0; q < n; q++) cnt += rroute[(size_t)h * n + q] == e;
+                empty += cnt == 0;
+            }
+        free(qkv); free(ref); free(got); free(rmass); free(gmass);
+        free(rtopk); free(gtopk); free(rroute); free(groute);
+        arena_reset(&g_dev, mark);
+    }
+    ck_assert_int_gt(empty, 0);
+}
+END_TEST
+
+START_TEST(test_conv)
+{
+    /* (ci, h, w, co, kh, kw, stride, pad) */
+    const int shapes[][8] = {{3, 17, 13, 5, 3, 3, 1, 1}, {4, 16, 16, 7, 1, 1, 1, 0},
+                             {3, 33, 31, 8, 16, 16, 16, 0}, {6, 15, 9, 4, 3, 3, 2, 1},
+                             {64, 32, 32, 64, 3, 3, 1, 1}};
+    for (size_t si = 0; si < 5; si++) {
+        const int *s = shapes[si];
+        int ci = s[0], h = s[1], wd = s[2], co = s[3], kh = s[4], kw = s[5], st = s[6], pad = s[7];
+        int ho = (h + 2 * pad - kh) / st + 1, wo = (wd + 2 * pad - kw) / st + 1;
+        size_t mark = arena_mark(&g_dev), ni = (size_t)ci * h * wd, no = (size_t)co * ho * wo;
+        size_t nw = (size_t)co * ci * kh * kw;
+        float *in = hrand(ni, 70 + (uint32_t)si, -1, 1), *w = hrand(nw, 80 + (uint32_t)si, -1, 1);
+        float *b = hrand((size_t)co, 90, -1, 1);
+        float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
+        float *din = dput(in, ni), *dw = dput(w, nw), *db = dput(b, (size_t)co), *dout = dalloc(no * 4);
+        ms_backend cb = cpu_be();
+        for (int act = 0; act < 3; act++)
+            for (int withb = 0; withb < 2; withb++) {
+                OK(op_conv2d(&cb, ref, in, w, withb ? b : NULL, ci, h, wd, co, kh, kw, st, pad,
+                             (ms_act)act));
+                BOTH_MODES
+                {
+                    ms_backend gb = gpu_be(mode == 0);
+                    OK(op_conv2d(&gb, dout, din, dw, withb ? db : NULL, ci, h, wd, co, kh, kw, st,
+                                 pad, (ms_act)act));
+                    dget(got, dout, no * 4);
+                    char what[96];
+                    snprintf(what, sizeof what, "conv2d shape %zu act %d b %d %s", si, act, withb,
+                             mode ? "tf32" : "fp32");
+                    check_close(got, ref, no, mode ? TOL_TF32 : TOL_FP32, what);
+                }
+            }
+        free(in); free(w); free(b); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+    /* transposed 2x2 */
+    const int tshapes[][4] = {{5, 4, 7, 3}, {64, 15, 17, 32}};
+    for (size_t si = 0; si < 2; si++) {
+        int ci = tshapes[si][0], h = tshapes[si][1], wd = tshapes[si][2], co = tshapes[si][3];
+        size_t mark = arena_mark(&g_dev), ni = (size_t)ci * h * wd, no = (size_t)co * 4 * h * wd;
+        size_t nw = (size_t)ci * co * 4;
+        float *in = hrand(ni, 100 + (uint32_t)si, -1, 1), *w = hrand(nw, 110 + (uint32_t)si, -1, 1);
+        float *b = hrand((size_t)co, 120, -1, 1);
+        float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
+        float *din = dput(in, ni), *dw = dput(w, nw), *db = dput(b, (size_t)co), *dout = dalloc(no * 4);
+        ms_backend cb = cpu_be();
+        for (int act = 0; act < 3; act++) {
+            OK(op_conv_transpose2x2(&cb, ref, in, w, b, ci, h, wd, co, (ms_act)act));
+            BOTH_MODES
+            {
+                ms_backend gb = gpu_be(mode == 0);
+                OK(op_conv_transpose2x2(&gb, dout, din, dw, db, ci, h, wd, co, (ms_act)act));
+                dget(got, dout, no * 4);
+                check_close(got, ref, no, mode ? TOL_BF16 : TOL_FP32, "conv_transpose2x2");
+            }
+        }
+        free(in); free(w); free(b); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+}
+END_TEST
+
+START_TEST(test_image_ops)
+{
+    ms_backend cb = cpu_be(), gb = gpu_be(true);
+    const int shapes[][3] = {{3, 13, 9}, {19, 64, 48}, {1, 1, 1}};
+    for (size_t si = 0; si < 3; si++) {
+        int c = shapes[si][0], h = shapes[si][1], w = shapes[si][2];
+        size_t mark = arena_mark(&g_dev), ni = (size_t)c * h * w, big = (size_t)c * (4 * h + 1) * (4 * w + 1);
+        float *in = hrand(ni, 130 + (uint32_t)si, -4, 4);
+        float *ref = malloc(big * sizeof(float)), *got = hpoison(big);
+        float *din = dput(in, ni), *dout = dalloc(big * 4);
+        ck_assert_ptr_nonnull(ref);
+
+        const int grids[][2] = {{7, 7}, {3, 2}, {1, 1}};
+        for (int gi = 0; gi < 3; gi++) {
+            int gh = grids[gi][0] < h ? grids[gi][0] : h, gw = grids[gi][1] < w ? grids[gi][1] : w;
+            OK(op_adaptive_avgpool(&cb, ref, in, c, h, w, gh, gw));
+            OK(op_adaptive_avgpool(&gb, dout, din, c, h, w, gh, gw));
+            dget(got, dout, (size_t)c * gh * gw * 4);
+            check_close(got, ref, (size_t)c * gh * gw, TOL_FP32, "adaptive_avgpool");
+        }
+        if (h >= 2 && w >= 2) {
+            size_t no = (size_t)c * (h / 2) * (w / 2);
+            OK(op_maxpool2x2(&cb, ref, in, c, h, w));
+            OK(op_maxpool2x2(&gb, dout, din, c, h, w));
+            dget(got, dout, no * 4);
+            check_close(got, ref, no, 0.0, "maxpool2x2");
+        }
+        const int sizes[][2] = {{4 * h + 1, 4 * w + 1}, {h / 2 + 1, w / 3 + 1}, {h, w}};
+        for (int zi = 0; zi < 3; zi++) {
+            int ho = sizes[zi][0], wo = sizes[zi][1];
+            size_t no = (size_t)c * ho * wo;
+            OK(op_resize_bilinear(&cb, ref, in, c, h, w, ho, wo, 0.0, 0.0));
+            OK(op_resize_bilinear(&gb, dout, din, c, h, w, ho, wo, 0.0, 0.0));
+            dget(got, dout, no * 4);
+            check_close(got, ref, no, TOL_FP32, "resize_bilinear");
+            OK(op_resize_bicubic(&cb, ref, in, c, h, w, ho, wo));
+            OK(op_resize_bicubic(&gb, dout, din, c, h, w, ho, wo));
+            dget(got, dout, no * 4);
+            check_close(got, ref, no, TOL_FP32, "resize_bicubic");
+        }
+        { /* by scale factor 4 */
+            size_t no = (size_t)c * (4 * h) * (4 * w);
+            OK(op_resize_bilinear(&cb, ref, in, c, h, w, 4 * h, 4 * w, 4.0, 4.0));
+            OK(op_resize_bilinear(&gb, dout, din, c, h, w, 4 * h, 4 * w, 4.0, 4.0));
+            dget(got, dout, no * 4);
+            check_close(got, ref, no, TOL_FP32, "resize_bilinear scale");
+        }
+        { /* crop */
+            int ho = (h + 1) / 2, wo = w - w / 3;
+            size_t no = (size_t)c * ho * wo;
+            OK(op_crop(&cb, ref, in, c, h, w, ho, wo));
+            OK(op_crop(&gb, dout, din, c, h, w, ho, wo));
+            dget(got, dout, no * 4);
+            check_close(got, ref, no, 0.0, "crop");
+        }
+        { /* argmax with ties (integer logits): lowest class wins */
+            float *q = malloc(ni * sizeof(float));
+            for (size_t i = 0; i < ni; i++) q[i] = floorf(in[i] * 0.5f);
+            float *dq = dput(q, ni);
+            size_t np = (size_t)h * w;
+            uint8_t *ra = malloc(np), *ga = malloc(np);
+            uint8_t *da = dalloc(np);
+            OK(op_argmax(&cb, ra, q, c, h, w));
+            OK(op_argmax(&gb, da, dq, c, h, w));
+            dget(ga, da, np);
+            ck_assert_int_eq(memcmp(ra, ga, np), 0);
+            free(q); free(ra); free(ga);
+        }
+        free(in); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+    { /* normalize_pad */
+        int h = 37, w = 29, hp = 48, wp = 32;
+        size_t mark = arena_mark(&g_dev), ni = 3 * (size_t)h * w, no = 3 * (size_t)hp * wp;
+        float *img = hrand(ni, 140, 0, 255), *ref = malloc(no * 4), *got = hpoison(no);
+        const float mean[3] = {123.675f, 116.28f, 103.53f}, stdv[3] = {58.395f, 57.12f, 57.375f};
+        float *dimg = dput(img, ni), *dout = dput(got, no);
+        OK(op_normalize_pad(&cb, ref, img, h, w, hp, wp, mean, stdv));
+        OK(op_normalize_pad(&gb, dout, dimg, h, w, hp, wp, mean, stdv));
+        dget(got, dout, no * 4);
+        check_close(got, ref, no, TOL_FP32, "normalize_pad");
+        free(img); free(ref); free(got);
+        arena_reset(&g_dev, mark);
+    }
+}
+END_TEST
+
+START_TEST(test_errors)
+{
+    /* A device pointer mistake must come back as a status, not a crash:
+     * here only the synchronous error paths (bad sizes) are checked. */
+    ms_backend gb = gpu_be(true);
+    ck_assert_int_ne(op_linear(&gb, NULL, NULL, NULL, NULL, 0, 1, 1, MS_ACT_NONE, false), MS_OK);
+    ms_mita_params p = {7, 7, 49, true};
+    ck_assert_int_ne(op_mita(&gb, NULL, NULL, 4, 4, 10, 3, &p, NULL), MS_OK);
+    ck_assert_str_ne(ms_last_error(), "");
+}
+END_TEST
+
+static Suite *backend_suite(void)
+{
+    /* One case per op family, so a run can pick one: CK_RUN_CASE=mita. */
+    const struct {
+        const char *name;
+        const TTest *test;
+    } cases[] = {{"linear", test_linear},
+                 {"small_ops", test_layernorm_add_transpose_softmax},
+                 {"attention", test_attention_full},
+                 {"mita", test_mita},
+                 {"conv", test_conv},
+                 {"image", test_image_ops},
+                 {"errors", test_errors}};
+    Suite *s = suite_create("backend");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        TCase *tc = tcase_create(cases[i].name);
+        tcase_set_timeout(tc, 600);
+        tcase_add_test(tc, cases[i].test);
+        suite_add_tcase(s, tc);
+    }
+    return s;
+}
+
+int main(void)
+{
+    ms_status st = cuda_ctx_init(&g_cu, 0);
+    if (st != MS_OK) {
+        printf("skipped: no usable CUDA device: %s\n", ms_last_error());
+        return 77;
+    }
+    printf("device: %s\n", cuda_ctx_name(g_cu));
+    const char *small = getenv("MS_BACKEND_SMALL");
+    g_small = small && small[0] == '1';
+    if (arena_init(&g_dev, (size_t)1 << 30, MS_DEVICE_CUDA) != MS_OK ||
+        arena_init(&g_scratch, (size_t)1 << 30, MS_DEVICE_CUDA) != MS_OK) {
+        printf("FAIL: device arenas: %s\n", ms_last_error());
+        return 1;
+    }
+    SRunner *sr = srunner_create(backend_suite());
+    /* One CUDA context, made before the tests: no fork (a forked child
+     * cannot use its parent's CUDA context). */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    arena_free(&g_scratch);
+    arena_free(&g_dev);
+    cuda_ctx_free(g_cu);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+#else /* !MS_HAVE_CUDA */
+
+int main(void)
+{
+    printf("skipped: this build has no CUDA backend (configure with the CUDA toolkit, MS_CUDA=ON)\n");
+    return 77;
+}
+
+#endif

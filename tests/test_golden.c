@@ -1,0 +1,249 @@
+/* The engine against the PyTorch reference (tools/mitaseg_ref.py), stage by
+ * stage, on the small random models of tests/fixtures (tools/gen_fixtures.py).
+ * Goldens are computed in float64; the engine runs in float32. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "app/engine.h"
+#include "app/model_file.h"
+#include "testutil.h"
+
+/* Every stage within STAGE_TOL of its largest magnitude. Float32 against a
+ * float64 reference: each op adds ~1e-7 relative error and the fixtures are
+ * 4 blocks deep with 32..128-long dot products, so 1e-6..1e-5 is expected;
+ * measured worst case: 7.4e-6 (the bilinear input resize). 1e-4 leaves room
+ * for summation-order differences on other BLAS builds while still catching
+ * any real mistake (a wrong tap, scale or resize moves values by >1e-2).
+ * MS_GOLDEN_VERBOSE=1 prints every stage's error. */
+#ifndef STAGE_TOL
+#define STAGE_TOL 1e-4
+#endif
+
+typedef struct {
+    char name[48];
+    float *data;
+    size_t n;
+    int ndim;
+    int64_t shape[4];
+} stage;
+
+typedef struct {
+    stage s[128];
+    int n;
+} stage_list;
+
+static void on_trace(void *user, const char *name, const float *data, int ndim,
+                     const int64_t *shape)
+{
+    stage_list *l = user;
+    ck_assert_int_lt(l->n, 128);
+    stage *s = &l->s[l->n++];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->ndim = ndim;
+    s->n = 1;
+    for (int i = 0; i < ndim; i++) s->n *= (size_t)(s->shape[i] = shape[i]);
+    s->data = malloc(s->n * sizeof(float));
+    memcpy(s->data, data, s->n * sizeof(float));
+}
+
+static void stage_list_free(stage_list *l)
+{
+    for (int i = 0; i < l->n; i++) free(l->s[i].data);
+    l->n = 0;
+}
+
+static const ms_tensor *golden(const ms_model_file *g, const char *name)
+{
+    const ms_tensor *t = model_file_find(g, name);
+    ck_assert_msg(t != NULL, "golden has no tensor %s", name);
+    return t;
+}
+
+static size_t numel(const ms_tensor *t)
+{
+    size_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (size_t)t->shape[i];
+    return n;
+}
+
+/* Runs one fixture case and compares every stage, the MiTA records and the mask. */
+static void check_case(const char *case_name)
+{
+    char mpath[256], gpath[256];
+    snprintf(mpath, sizeof mpath, "%s.model.safetensors", case_name);
+    snprintf(gpath, sizeof gpath, "%s.golden.safetensors", case_name);
+    char mfull[4096];
+    snprintf(mfull, sizeof mfull, "%s", fixture_path(mpath));
+    ms_model_file *g = NULL;
+    ck_assert_msg(safetensors_open(&g, fixture_path(gpath)) == MS_OK, "%s", ms_last_error());
+
+    ms_engine_options eo = {.device = MS_DEV_CPU, .threads = 2};
+    ms_engine *e = NULL;
+    ck_assert_msg(engine_init(&e, mfull, &eo) == MS_OK, "%s", ms_last_error());
+    stage_list *stages = calloc(1, sizeof *stages);
+    engine_set_trace(e, on_trace, stages);
+
+    const ms_tensor *img_t = golden(g, "image");
+    ck_assert_int_eq(img_t->dtype, MS_DT_U8);
+    ms_image img = {.h = (int)img_t->shape[0], .w = (int)img_t->shape[1],
+                    .rgb = (uint8_t *)img_t->data};
+    ms_run_options ro = {.attention = -1, .record = true};
+    const char *att = model_file_metadata(g, "attention");
+    if (att) ro.attention = strcmp(att, "full") ? MS_ATTN_MITA : MS_ATTN_FULL;
+    ms_result res = {0};
+    ck_assert_msg(engine_run(e, &res, &img, &ro) == MS_OK, "%s", ms_last_error());
+
+    /* MiTA records: identical index sets and routes. */
+    int mita_layers = 0;
+    if (res.attention == MS_ATTN_MITA) {
+        for (int i = 0; i < res.depth; i++) {
+            char name[64];
+            snprintf(name, sizeof name, "layers.%d.topk_idx", i);
+            const ms_tensor *ti = golden(g, name);
+            ck_assert_int_eq(ti->shape[0], res.heads);
+            ck_assert_int_eq(ti->shape[1], res.m);
+            ck_assert_int_eq(ti->shape[2], res.k);
+            const int32_t *gi = ti->data;
+            size_t per = (size_t)res.heads * res.m * res.k;
+            /* Sets, compared in order: both sides sort by (score desc, index asc). */
+            for (size_t j = 0; j < per; j++)
+                ck_assert_msg(gi[j] == res.topk_idx[(size_t)i * per + j],
+                              "%s layer %d topk_idx[%zu]: engine %d, reference %d", case_name, i,
+                              j, res.topk_idx[(size_t)i * per + j], gi[j]);
+            snprintf(name, sizeof name, "layers.%d.route", i);
+            const ms_tensor *tr = golden(g, name);
+            const int32_t *gr = tr->data;
+            size_t pr = (size_t)res.heads * res.n;
+            ck_assert_int_eq(numel(tr), pr);
+            for (size_t j = 0; j < pr; j++)
+                ck_assert_msg(gr[j] == res.route[(size_t)i * pr + j],
+                              "%s layer %d route[%zu]: engine %d, reference %d", case_name, i, j,
+                              res.route[(size_t)i * pr + j], gr[j]);
+            mita_layers++;
+        }
+    }
+
+    /* Every traced stage against its golden. */
+    int compared = 0;
+    for (int s = 0; s < stages->n; s++) {
+        const stage *st = &stages->s[s];
+        const ms_tensor *t = model_file_find(g, st->name);
+        ck_assert_msg(t != NULL, "%s: golden lacks stage %s", case_name, st->name);
+        ck_assert_int_eq(t->dtype, MS_DT_F32);
+        ck_assert_msg(numel(t) == st->n, "%s: stage %s has %zu values, golden %zu", case_name,
+                      st->name, st->n, numel(t));
+        for (int d = 0; d < st->ndim; d++) ck_assert_int_eq(t->shape[d], st->shape[d]);
+        double err = max_abs_diff(st->data, t->data, st->n);
+        double mag = max_abs(t->data, st->n);
+        if (getenv("MS_GOLDEN_VERBOSE"))
+            fprintf(stderr, "%-16s %-14s err %.2e  rel %.2e\n", case_name, st->name, err,
+                    err / (mag > 1 ? mag : 1));
+        ck_assert_msg(err <= STAGE_TOL * (mag > 1 ? mag : 1),
+                      "%s: stage %s off by %.3g (max magnitude %.3g)", case_name, st->name, err,
+                      mag);
+        compared++;
+    }
+    ck_assert_msg(compared >= 10, "%s: only %d stages traced", case_name, compared);
+
+    /* Mask: the argmax of the logits; where the reference's top two logits
+     * are closer than the logits' tolerance either class is right. */
+    const ms_tensor *tm = golden(g, "mask"), *tl = golden(g, "logits");
+    const uint8_t *gm = tm->data;
+    const float *gl = tl->data;
+    size_t px = (size_t)res.h * res.w;
+    double lmag = max_abs(gl, numel(tl));
+    int mism = 0;
+    for (size_t p = 0; p < px; p++) {
+        if (gm[p] == res.mask[p]) continue;
+        double a = gl[(size_t)gm[p] * px + p], b = gl[(size_t)res.mask[p] * px + p];
+        ck_assert_msg(fabs(a - b) <= 2 * STAGE_TOL * (lmag > 1 ? lmag : 1),
+                      "%s: mask pixel %zu: engine %d, reference %d", case_name, p, res.mask[p],
+                      gm[p]);
+        mism++;
+    }
+    ck_assert_int_le(mism, (int)(px / 1000) + 1);
+
+    /* The dump round-trips what the engine computed. */
+    char dpath[4096];
+    snprintf(dpath, sizeof dpath, "%s/mitaseg-dump-%d.safetensors",
+             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (int)getpid());
+    ck_assert_msg(result_write_dump(&res, dpath) == MS_OK, "%s", ms_last_error());
+    ms_model_file *d = NULL;
+    ck_assert_msg(safetensors_open(&d, dpath) == MS_OK, "%s", ms_last_error());
+    const ms_tensor *dl = model_file_find(d, "logits"), *dm = model_file_find(d, "mask");
+    ck_assert(dl && dm);
+    ck_assert_int_eq(dl->shape[0], res.classes);
+    ck_assert_int_eq(memcmp(dl->data, res.logits, px * res.classes * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(dm->data, res.mask, px), 0);
+    ck_assert_int_eq(model_file_find(d, "layers.0.route") != NULL, mita_layers > 0);
+    model_file_close(d);
+    remove(dpath);
+
+    stage_list_free(stages);
+    free(stages);
+    result_free(&res);
+    engine_free(e);
+    model_file_close(g);
+}
+
+static const char *const cases[] = {"mita_d", "mita_sqrtd_conv", "full_none", "posgrid",
+                                    "small_grid", "pad_resize", "f16"};
+
+START_TEST(test_case)
+{
+    check_case(cases[_i]);
+}
+END_TEST
+
+/* A second run of the same size reuses the plan: identical output. */
+START_TEST(test_rerun_identical)
+{
+    ms_engine_options eo = {.device = MS_DEV_CPU, .threads = 2};
+    ms_engine *e = NULL;
+    ck_assert_msg(engine_init(&e, fixture_path("mita_d.model.safetensors"), &eo) == MS_OK, "%s",
+                  ms_last_error());
+    ms_image img = {.w = 37, .h = 29};
+    img.rgb = malloc((size_t)img.w * img.h * 3);
+    for (int i = 0; i < img.w * img.h * 3; i++) img.rgb[i] = (uint8_t)(i * 37 + 11);
+    ms_run_options ro = {.attention = -1, .record = true};
+    ms_result a = {0}, b = {0};
+    ck_assert(engine_run(e, &a, &img, &ro) == MS_OK);
+    ck_assert(engine_run(e, &b, &img, &ro) == MS_OK);
+    ck_assert_int_eq(memcmp(a.logits, b.logits, (size_t)a.classes * a.h * a.w * sizeof(float)), 0);
+    ck_assert_int_eq(memcmp(a.route, b.route, (size_t)a.depth * a.heads * a.n * 4), 0);
+    /* Override of the budget at run time: k and landmarks clamp to the grid. */
+    ro.gh = 50, ro.gw = 1, ro.topk = 100000;
+    ck_assert(engine_run(e, &b, &img, &ro) == MS_OK);
+    ck_assert_int_eq(b.gh, b.hp);
+    ck_assert_int_eq(b.gw, 1);
+    ck_assert_int_eq(b.k, b.n);
+    result_free(&a);
+    result_free(&b);
+    free(img.rgb);
+    engine_free(e);
+}
+END_TEST
+
+START_TEST(test_missing_model)
+{
+    ms_engine *e = NULL;
+    ck_assert(engine_init(&e, "/nonexistent/model.safetensors", NULL) != MS_OK);
+    ck_assert(e == NULL);
+    ck_assert_ptr_nonnull(strstr(ms_last_error(), "/nonexistent/model.safetensors"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("golden");
+    TCase *tc = tcase_create("golden");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_case, 0, (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_test(tc, test_rerun_identical);
+    tcase_add_test(tc, test_missing_model);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}

@@ -1,0 +1,587 @@
+"""mitaseg reference model: an independent PyTorch rendering of
+docs/mita-spec.md (math) and docs/model-format.md (file + tensor names).
+
+It is meant to be read next to the spec: each piece cites the spec section it
+implements. It is used to train (tools/train.py), to export model files
+(tools/export.py) and to generate the golden test fixtures
+(tools/gen_fixtures.py). It is differentiable end to end (MiTA included).
+
+Layout of this file
+  1. config (model-format.md `config`)            complete_config()
+  2. MiTA / full attention (spec section 2)       attention_full(), attention_mita()
+  3. backbone (spec section 1)                    Backbone
+  4. necks + UPerHead (spec section 3)            MLNNeck, FPNDeconvNeck, UPerHead
+  5. whole model                                  MitaSeg
+  6. pre/post-processing (spec sections 3.6, 4)   preprocess(), postprocess(), segment()
+  7. model file I/O (model-format.md)             save_model(), load_model()
+
+Stage names recorded by MitaSeg.forward(x, stages=dict) (batch dim first):
+  pos_embed (1,N,C) resized; embed (B,N,C); blocks.{i} (B,N,C);
+  taps.{j} (B,C,Hp,Wp); neck.{l} (B,Cn,h_l,w_l); head.psp (B,ch,h3,w3);
+  head.fpn.{l} (B,ch,h_l,w_l) l=0..2; head.fused (B,ch,h0,w0);
+  head.logits (B,classes,h0,w0);
+  per MiTA layer i: layers.{i}.topk_idx (B,h,M,k) int64, layers.{i}.route
+  (B,h,N) int64, layers.{i}.probe (B,h,M,N) = L K^T, layers.{i}.routing
+  (B,h,N,M) = Q L^T (both unscaled), plus layers.{i}.grid = (Gh, Gw, k)
+  (the effective landmarks and top-k).
+segment() adds: image, input, logits (B,classes,H,W), mask (B,H,W).
+"""
+
+import copy
+import json
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import safetensors_io
+
+IMAGENET_MEAN = [123.675, 116.28, 103.53]
+IMAGENET_STD = [58.395, 57.12, 57.375]
+
+# --------------------------------------------------------------------------
+# 1. Config
+# --------------------------------------------------------------------------
+
+DEFAULT_ATTENTION = {"type": "mita", "landmarks": [7, 7], "topk": 49, "shared_scale": "d"}
+
+
+def complete_config(cfg):
+    """Returns a deep copy of cfg with every optional key filled with its default."""
+    cfg = copy.deepcopy(cfg)
+    bb = cfg["backbone"]
+    bb.setdefault("patch_size", 16)
+    bb.setdefault("stem", {"type": "patch"})
+    bb.setdefault("mlp_ratio", 4)
+    bb.setdefault("ln_eps", 1e-6)
+    bb.setdefault("out_indices", [2, 5, 8, 11])
+    bb.setdefault("final_norm", False)
+    att = bb.setdefault("attention", {})
+    for k, v in DEFAULT_ATTENTION.items():
+        att.setdefault(k, copy.deepcopy(v))
+    for k in ("embed_dim", "depth", "num_heads", "pos_grid"):
+        if k not in bb:
+            raise KeyError("config: missing backbone.%s" % k)
+    cfg.setdefault("neck", {"type": "none"})
+    dec = cfg.setdefault("decoder", {})
+    dec.setdefault("type", "uperhead")
+    dec.setdefault("channels", 128)
+    dec.setdefault("pool_scales", [1, 2, 3, 6])
+    dec.setdefault("bn_eps", 1e-5)
+    if "classes" not in cfg:
+        raise KeyError("config: missing classes")
+    cfg.setdefault("palette", [[(37 * i) % 256, (91 * i) % 256, (173 * i) % 256]
+                               for i in range(len(cfg["classes"]))])
+    cfg.setdefault("ignore_index", None)
+    inp = cfg.setdefault("input", {})
+    inp.setdefault("mean", list(IMAGENET_MEAN))
+    inp.setdefault("std", list(IMAGENET_STD))
+    inp.setdefault("short_side", None)
+    inp.setdefault("pad_multiple", bb["patch_size"])
+    cfg.setdefault("provenance", "")
+    return cfg
+
+
+def neck_channels(cfg):
+    """Cin of the decoder: the mln neck's out_channels, else the backbone width."""
+    if cfg["neck"]["type"] == "mln":
+        return cfg["neck"]["out_channels"]
+    return cfg["backbone"]["embed_dim"]
+
+
+def resolve_attention(cfg_att, override):
+    """Training config attention, with any run-time override applied."""
+    att = dict(cfg_att)
+    if override:
+        att.update({k: v for k, v in override.items() if v is not None})
+    return att
+
+
+# --------------------------------------------------------------------------
+# 2. Attention (spec section 2). q, k, v: (B, h, N, d).
+# --------------------------------------------------------------------------
+
+def first_argmax(x, dim=-1):
+    """argmax that returns the FIRST index of the maximum (spec: ties to lower)."""
+    n = x.shape[dim]
+    mx = x.max(dim=dim, keepdim=True).values
+    shape = [1] * x.dim()
+    shape[dim] = n
+    pos = torch.arange(n, device=x.device).view(shape).expand_as(x)
+    big = torch.full_like(pos, n)
+    return torch.where(x == mx, pos, big).min(dim=dim).values
+
+
+def attention_full(q, k, v):
+    """softmax(Q K^T s) V per head."""
+    s = q.shape[-1] ** -0.5
+    return torch.softmax(q @ k.transpose(-1, -2) * s, dim=-1) @ v
+
+
+def mita_landmarks(q_tokens, grid, landmarks, num_heads):
+    """Spec 2.1: landmarks L from q before the head split.
+
+    q_tokens (B, N, C); grid (Hp, Wp); landmarks (Gh, Gw) clamped to the grid.
+    Returns L (B, h, M, d) and the effective (Gh, Gw).
+    F.adaptive_avg_pool2d uses exactly the spec's windows
+    [floor(i*S/G), ceil((i+1)*S/G)).
+    """
+    B, N, C = q_tokens.shape
+    Hp, Wp = grid
+    gh, gw = min(landmarks[0], Hp), min(landmarks[1], Wp)
+    qmap = q_tokens.transpose(1, 2).reshape(B, C, Hp, Wp)
+    lmap = F.adaptive_avg_pool2d(qmap, (gh, gw))               # (B, C, gh, gw)
+    L = lmap.reshape(B, C, gh * gw).transpose(1, 2)            # (B, M, C)
+    d = C // num_heads
+    L = L.reshape(B, gh * gw, num_heads, d).transpose(1, 2)    # (B, h, M, d)
+    return L, (gh, gw)
+
+
+def attention_mita(q, k, v, L, topk, shared_scale, record=None):
+    """Spec 2.2-2.5 for all heads at once.
+
+    q, k, v (B, h, N, d); L (B, h, M, d) landmarks. topk clamped to N.
+    shared_scale "d": shared logit q.l * s * s (= q.l/d); "sqrt_d": q.l * s.
+    record: optional dict, filled with probe/routing/topk_idx/route.
+
+    Implementation note: the routed logits q_n . k_idx and the routed output
+    sum_j p_j v_idx are computed by gathering from Q K^T and scattering the
+    probabilities into a (N, N) matrix. This is the same math as gathering
+    each query's k keys/values (tools/gen_fixtures.py checks it against a
+    naive per-query loop) and is cheaper in memory at training sizes.
+    """
+    B, h, N, d = q.shape
+    M = L.shape[2]
+    kk = min(topk, N)
+    s = d ** -0.5
+    s_sh = s if shared_scale == "d" else 1.0
+    if shared_scale not in ("d", "sqrt_d"):
+        raise ValueError("shared_scale must be 'd' or 'sqrt_d'")
+
+    # 2.2 probe and each expert's routed set: the k largest P[m, :], ties to the
+    # lower position (stable descending sort keeps equal values in index order).
+    P = L @ k.transpose(-1, -2)                                  # (B, h, M, N)
+    idx = torch.sort(P.detach(), dim=-1, descending=True, stable=True).indices[..., :kk]
+
+    # 2.3 shared expert: each landmark's softmax summary of all values.
+    Sv = torch.softmax(P * s, dim=-1) @ v                         # (B, h, M, d)
+
+    # 2.4 routing, top-1, ties to the lower expert.
+    R = q @ L.transpose(-1, -2)                                   # (B, h, N, M)
+    e = first_argmax(R.detach(), dim=-1)                          # (B, h, N)
+
+    # 2.5 joint softmax over M shared + k routed logits.
+    idx_n = torch.gather(idx, 2, e.unsqueeze(-1).expand(B, h, N, kk))  # (B, h, N, k)
+    QK = q @ k.transpose(-1, -2)                                  # (B, h, N, N)
+    b = torch.gather(QK, -1, idx_n) * s                           # (B, h, N, k)
+    a = R * (s * s_sh)                                            # (B, h, N, M)
+    p = torch.softmax(torch.cat([a, b], dim=-1), dim=-1)
+    p_sh, p_rt = p[..., :M], p[..., M:]
+    dense = torch.zeros_like(QK).scatter(-1, idx_n, p_rt)         # idx_n unique per row
+    out = p_sh @ Sv + dense @ v
+
+    if record is not None:
+        record["probe"] = P
+        record["routing"] = R
+        record["topk_idx"] = idx
+        record["route"] = e
+    return out
+
+
+# --------------------------------------------------------------------------
+# 3. Backbone (spec section 1)
+# --------------------------------------------------------------------------
+
+class ConvModule(nn.Module):
+    """mmseg ConvModule: conv (no bias) -> BatchNorm -> ReLU. Names .conv / .bn."""
+
+    def __init__(self, cin, cout, ksize, stride=1, padding=0, bn_eps=1e-5):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, ksize, stride, padding, bias=False)
+        self.bn = nn.BatchNorm2d(cout, eps=bn_eps)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=True)   # rows: q, k, v; heads contiguous
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, grid, att, record=None):
+        B, N, C = x.shape
+        h = self.num_heads
+        d = C // h
+        qkv = self.qkv(x)                                             # (B, N, 3C)
+        q_tok, k_tok, v_tok = qkv.split(C, dim=-1)                    # each (B, N, C)
+        heads = lambda t: t.reshape(B, N, h, d).transpose(1, 2)       # (B, h, N, d)
+        q, k, v = heads(q_tok), heads(k_tok), heads(v_tok)
+        if att["type"] == "full":
+            o = attention_full(q, k, v)
+        elif att["type"] == "mita":
+            L, (gh, gw) = mita_landmarks(q_tok, grid, att["landmarks"], h)
+            o = attention_mita(q, k, v, L, att["topk"], att["shared_scale"], record)
+            if record is not None:
+                record["grid"] = (gh, gw, min(att["topk"], N))
+        else:
+            raise ValueError("attention type must be 'mita' or 'full'")
+        o = o.transpose(1, 2).reshape(B, N, C)                        # concat heads
+        return self.proj(o)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))   # exact (erf) GELU
+
+
+class Block(nn.Module):
+    """Pre-norm ViT block: x += proj(attn(LN1 x)); x += fc2(GELU(fc1(LN2 x)))."""
+
+    def __init__(self, dim, num_heads, mlp_ratio, ln_eps):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
+        self.attn = Attention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x, grid, att, record=None):
+        x = x + self.attn(self.norm1(x), grid, att, record)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, patch, dim):
+        super().__init__()
+        self.proj = nn.Conv2d(3, dim, patch, stride=patch)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class ConvStem(nn.Module):
+    """log2(patch) x (3x3 s2 p1 conv, BN eps 1e-5, ReLU), then 1x1 conv + bias.
+
+    Children are named "0", "1", ... and "proj": backbone.stem.{i}.conv/.bn,
+    backbone.stem.proj.
+    """
+
+    def __init__(self, patch, channels, dim):
+        super().__init__()
+        n = int(round(math.log2(patch)))
+        if 2 ** n != patch or len(channels) != n:
+            raise ValueError("conv stem needs log2(patch)=%d channel entries" % n)
+        cin = 3
+        for i, c in enumerate(channels):
+            self.add_module(str(i), ConvModule(cin, c, 3, 2, 1, bn_eps=1e-5))
+            cin = c
+        self.n = n
+        self.proj = nn.Conv2d(cin, dim, 1, bias=True)
+
+    def forward(self, x):
+        for i in range(self.n):
+            x = getattr(self, str(i))(x)
+        return self.proj(x)
+
+
+def resize_pos_embed(pos, src_grid, dst_grid):
+    """(1, Hs*Ws, C) -> (1, Hd*Wd, C), bicubic, align_corners=False."""
+    if tuple(src_grid) == tuple(dst_grid):
+        return pos
+    C = pos.shape[-1]
+    m = pos.reshape(1, src_grid[0], src_grid[1], C).permute(0, 3, 1, 2)
+    m = F.interpolate(m, size=tuple(dst_grid), mode="bicubic", align_corners=False)
+    return m.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], C)
+
+
+class Backbone(nn.Module):
+    def __init__(self, bb):
+        super().__init__()
+        C = bb["embed_dim"]
+        self.cfg = bb
+        if bb["stem"]["type"] == "patch":
+            self.patch_embed = PatchEmbed(bb["patch_size"], C)
+        elif bb["stem"]["type"] == "conv":
+            self.stem = ConvStem(bb["patch_size"], bb["stem"]["channels"], C)
+        else:
+            raise ValueError("backbone.stem.type must be 'patch' or 'conv'")
+        gh, gw = bb["pos_grid"]
+        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, C))
+        self.blocks = nn.ModuleList(
+            [Block(C, bb["num_heads"], bb["mlp_ratio"], bb["ln_eps"]) for _ in range(bb["depth"])])
+        if bb["final_norm"]:
+            self.norm = nn.LayerNorm(C, eps=bb["ln_eps"])
+
+    def forward(self, x, att, stages=None):
+        """x (B, 3, H, W) normalised, padded. Returns the 4 taps (B, C, Hp, Wp)."""
+        bb = self.cfg
+        x = self.patch_embed(x) if bb["stem"]["type"] == "patch" else self.stem(x)
+        B, C, Hp, Wp = x.shape
+        pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp))
+        x = x.flatten(2).transpose(1, 2) + pos                       # (B, N, C)
+        if stages is not None:
+            stages["pos_embed"] = pos
+            stages["embed"] = x
+        taps = []
+        out_idx = list(bb["out_indices"])
+        for i, blk in enumerate(self.blocks):
+            rec = {} if (stages is not None and att["type"] == "mita") else None
+            x = blk(x, (Hp, Wp), att, rec)
+            if stages is not None:
+                stages["blocks.%d" % i] = x
+                if rec is not None:
+                    for k, v in rec.items():
+                        stages["layers.%d.%s" % (i, k)] = v
+            if i in out_idx:
+                t = x
+                if bb["final_norm"] and len(taps) == len(out_idx) - 1:
+                    t = self.norm(t)   # final LayerNorm on the last tap only
+                taps.append(t.transpose(1, 2).reshape(B, C, Hp, Wp))
+            if len(taps) == len(out_idx):
+                break   # blocks past the last tap do not affect the output
+        if stages is not None:
+            for j, t in enumerate(taps):
+                stages["taps.%d" % j] = t
+        return taps
+
+
+# --------------------------------------------------------------------------
+# 4. Neck and UPerHead (spec section 3)
+# --------------------------------------------------------------------------
+
+def resize(x, size):
+    """Bilinear resize to a size, align_corners=False, no antialias."""
+    if tuple(x.shape[-2:]) == tuple(size):
+        return x
+    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+
+
+class _ConvWithBias(nn.Module):
+    """Holds .conv (with bias, no norm, no act): mmseg ConvModule(norm=None, act=None)."""
+
+    def __init__(self, cin, cout, ksize, padding=0):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, ksize, padding=padding, bias=True)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class MLNNeck(nn.Module):
+    """MultiLevelNeck: 1x1 conv, resize by scale 4/2/1/0.5, 3x3 conv."""
+    SCALES = (4, 2, 1, 0.5)
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.lateral_convs = nn.ModuleList([_ConvWithBias(cin, cout, 1) for _ in range(4)])
+        self.convs = nn.ModuleList([_ConvWithBias(cout, cout, 3, 1) for _ in range(4)])
+
+    def forward(self, taps):
+        outs = []
+        for l, t in enumerate(taps):
+            x = self.lateral_convs[l](t)
+            if self.SCALES[l] != 1:
+                # scale_factor semantics: out = floor(S*scale), coords by 1/scale
+                x = F.interpolate(x, scale_factor=self.SCALES[l], mode="bilinear",
+                                  align_corners=False)
+            outs.append(self.convs[l](x))
+        return outs
+
+
+class FPNDeconvNeck(nn.Module):
+    """BEiT-style neck. Tensor names (the engine's choice, tools/README.md):
+    neck.fpn1.0 ConvTranspose2d(C,C,2,2)+bias, neck.fpn1.1 BatchNorm2d,
+    (fpn1.2 GELU), neck.fpn1.3 ConvTranspose2d+bias, neck.fpn2.0 ConvTranspose2d+bias;
+    level 2 identity, level 3 MaxPool2d(2). BN eps = decoder.bn_eps."""
+
+    def __init__(self, C, bn_eps):
+        super().__init__()
+        self.fpn1 = nn.Sequential(nn.ConvTranspose2d(C, C, 2, 2), nn.BatchNorm2d(C, eps=bn_eps),
+                                  nn.GELU(), nn.ConvTranspose2d(C, C, 2, 2))
+        self.fpn2 = nn.Sequential(nn.ConvTranspose2d(C, C, 2, 2))
+
+    def forward(self, taps):
+        return [self.fpn1(taps[0]), self.fpn2(taps[1]), taps[2], F.max_pool2d(taps[3], 2)]
+
+
+class UPerHead(nn.Module):
+    def __init__(self, cin, ch, pool_scales, n_classes, bn_eps, dropout=0.1):
+        super().__init__()
+        self.pool_scales = list(pool_scales)
+        self.psp_modules = nn.ModuleList([
+            nn.Sequential(nn.AdaptiveAvgPool2d(s), ConvModule(cin, ch, 1, bn_eps=bn_eps))
+            for s in self.pool_scales])
+        self.bottleneck = ConvModule(cin + len(self.pool_scales) * ch, ch, 3, padding=1, bn_eps=bn_eps)
+        self.lateral_convs = nn.ModuleList([ConvModule(cin, ch, 1, bn_eps=bn_eps) for _ in range(3)])
+        self.fpn_convs = nn.ModuleList([ConvModule(ch, ch, 3, padding=1, bn_eps=bn_eps) for _ in range(3)])
+        self.fpn_bottleneck = ConvModule(4 * ch, ch, 3, padding=1, bn_eps=bn_eps)
+        self.dropout = nn.Dropout2d(dropout)
+        self.conv_seg = nn.Conv2d(ch, n_classes, 1)
+
+    def forward(self, feats, stages=None):
+        x3 = feats[3]
+        # 1. PPM on level 3, then the 3x3 bottleneck = lateral 3
+        ppm = [x3] + [resize(m(x3), x3.shape[-2:]) for m in self.psp_modules]
+        lat = [self.lateral_convs[l](feats[l]) for l in range(3)]     # 2. laterals 0..2
+        lat.append(self.bottleneck(torch.cat(ppm, dim=1)))
+        for i in range(3, 0, -1):                                     # 3. top-down
+            lat[i - 1] = lat[i - 1] + resize(lat[i], lat[i - 1].shape[-2:])
+        outs = [self.fpn_convs[l](lat[l]) for l in range(3)] + [lat[3]]   # 4.
+        size0 = outs[0].shape[-2:]
+        fused = self.fpn_bottleneck(torch.cat([outs[0]] + [resize(o, size0) for o in outs[1:]], 1))
+        logits = self.conv_seg(self.dropout(fused))                  # 5.
+        if stages is not None:
+            stages["head.psp"] = lat[3]
+            for l in range(3):
+                stages["head.fpn.%d" % l] = outs[l]
+            stages["head.fused"] = fused
+            stages["head.logits"] = logits
+        return logits
+
+
+# --------------------------------------------------------------------------
+# 5. Whole model
+# --------------------------------------------------------------------------
+
+class MitaSeg(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = complete_config(cfg)
+        cfg = self.cfg
+        self.backbone = Backbone(cfg["backbone"])
+        C = cfg["backbone"]["embed_dim"]
+        nt = cfg["neck"]["type"]
+        if nt == "mln":
+            self.neck = MLNNeck(C, cfg["neck"]["out_channels"])
+        elif nt == "fpn-deconv":
+            self.neck = FPNDeconvNeck(C, cfg["decoder"]["bn_eps"])
+        elif nt != "none":
+            raise ValueError("neck.type must be mln, fpn-deconv or none")
+        dec = cfg["decoder"]
+        self.decode_head = UPerHead(neck_channels(cfg), dec["channels"], dec["pool_scales"],
+                                    len(cfg["classes"]), dec["bn_eps"])
+
+    def forward(self, x, attn=None, stages=None):
+        """x (B, 3, ph, pw) normalised + padded -> logits (B, classes, h0, w0).
+
+        attn: run-time override of the attention ({type, landmarks, topk,
+        shared_scale}, any subset). stages: optional dict filled with every
+        intermediate (see the module docstring)."""
+        att = resolve_attention(self.cfg["backbone"]["attention"], attn)
+        taps = self.backbone(x, att, stages)
+        feats = self.neck(taps) if self.cfg["neck"]["type"] != "none" else list(taps)
+        if stages is not None:
+            for l, f in enumerate(feats):
+                stages["neck.%d" % l] = f
+        return self.decode_head(feats, stages)
+
+
+# --------------------------------------------------------------------------
+# 6. Pre- and post-processing (spec sections 3.6 and 4)
+# --------------------------------------------------------------------------
+
+def working_size(H, W, cfg):
+    """(rh, rw): the size the image is resized to before padding."""
+    ss = cfg["input"]["short_side"]
+    if not ss:
+        return H, W
+    scale = ss / min(H, W)
+    return int(math.floor(H * scale + 0.5)), int(math.floor(W * scale + 0.5))
+
+
+def preprocess(img, cfg, dtype=torch.float32):
+    """img uint8 (H, W, 3) RGB (numpy or tensor) -> (input (1,3,ph,pw), (rh, rw)).
+
+    Resize (bilinear, align_corners=False, no antialias) the float image so the
+    short side is input.short_side; normalise; zero-pad right/bottom to a
+    multiple of pad_multiple."""
+    cfg = complete_config(cfg)
+    t = torch.as_tensor(np.asarray(img)).to(dtype).permute(2, 0, 1).unsqueeze(0)  # (1,3,H,W)
+    H, W = t.shape[-2:]
+    rh, rw = working_size(H, W, cfg)
+    t = resize(t, (rh, rw))
+    mean = torch.tensor(cfg["input"]["mean"], dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["input"]["std"], dtype=dtype).view(1, 3, 1, 1)
+    t = (t - mean) / std
+    pm = cfg["input"]["pad_multiple"] or 1
+    ph, pw = -(-rh // pm) * pm, -(-rw // pm) * pm
+    t = F.pad(t, (0, pw - rw, 0, ph - rh))
+    return t, (rh, rw)
+
+
+def postprocess(head_logits, padded_size, resized_size, image_size):
+    """Level-0 logits -> (logits at image size (B,K,H,W), mask (B,H,W) uint8)."""
+    x = resize(head_logits, padded_size)
+    x = x[..., :resized_size[0], :resized_size[1]]
+    x = resize(x, image_size)
+    mask = first_argmax(x, dim=1).to(torch.uint8)
+    return x, mask
+
+
+def segment(model, img, attn=None, stages=None):
+    """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W))."""
+    dtype = next(model.parameters()).dtype
+    x, rsize = preprocess(img, model.cfg, dtype)
+    H, W = np.asarray(img).shape[:2]
+    head = model(x, attn=attn, stages=stages)
+    logits, mask = postprocess(head, x.shape[-2:], rsize, (H, W))
+    if stages is not None:
+        stages["image"] = torch.as_tensor(np.asarray(img))
+        stages["input"] = x
+        stages["logits"] = logits
+        stages["mask"] = mask
+    return mask[0], logits[0]
+
+
+# --------------------------------------------------------------------------
+# 7. Model file (model-format.md)
+# --------------------------------------------------------------------------
+
+def model_tensors(model):
+    """state_dict without BN's num_batches_tracked (BN stats stay unfused)."""
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()
+            if not k.endswith("num_batches_tracked")}
+
+
+def save_model(model, path, dtype="F32", provenance=None):
+    """Writes the model file. dtype: "F32", "F16" or "BF16" for every weight."""
+    cfg = copy.deepcopy(model.cfg)
+    if provenance is not None:
+        cfg["provenance"] = provenance
+    tensors = {k: v.float() for k, v in model_tensors(model).items()}
+    dtypes = {k: dtype for k in tensors}
+    meta = {"format": "mitaseg", "format_version": "1",
+            "config": json.dumps(cfg, separators=(",", ":"))}
+    safetensors_io.save(path, tensors, meta, dtypes)
+
+
+def load_model(path, dtype=torch.float32):
+    """Reads a model file -> MitaSeg in eval mode (weights widened to dtype)."""
+    tensors, meta = safetensors_io.load(path)
+    if meta.get("format") != "mitaseg" or meta.get("format_version") != "1":
+        raise ValueError("%s: not a mitaseg v1 model file" % path)
+    model = MitaSeg(json.loads(meta["config"]))
+    sd = {k: torch.from_numpy(np.asarray(v, dtype=np.float64)).to(dtype) for k, v in tensors.items()}
+    want = model_tensors(model)
+    missing = sorted(set(want) - set(sd))
+    extra = sorted(set(sd) - set(want))
+    if missing:
+        raise ValueError("%s: missing tensors %s" % (path, missing[:5]))
+    for k in want:
+        if tuple(want[k].shape) != tuple(sd[k].shape):
+            raise ValueError("%s: tensor %s has shape %s, expected %s"
+                             % (path, k, list(sd[k].shape), list(want[k].shape)))
+    model.to(dtype)
+    model.load_state_dict({k: sd[k] for k in want}, strict=False)
+    model.eval()
+    model.extra_tensors = extra
+    return model

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs the Debian packages mitaseg needs and builds it into build/.
+# Usage: bash tools/setup.sh            (as root, or with sudo available)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pkgs=(build-essential cmake ninja-build pkg-config git
+      libopenblas-dev check libpng-dev libjpeg62-turbo-dev libcjson-dev
+      libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core
+      xvfb xdotool imagemagick
+      python3 python3-torch python3-numpy python3-pil)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# nvcc is optional: without it the CUDA backend is left out of the build.
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${MS_CMAKE_ARGS:-}
+ninja -C build
