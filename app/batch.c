@@ -170,9 +170,11 @@ static const char *base_name(const char *path)
 }
 
 /* The name a file given by this spelling gets under -o: the relative path
- * without "." components when it stays inside (no ".."), else the base name. */
-static char *rel_for(const char *spelled)
+ * without "." components when it stays inside (no ".."), else the base name
+ * for now (*loose: batch_place_loose may give it its folders back). */
+static char *rel_for(const char *spelled, bool *loose)
 {
+    *loose = true;
     if (spelled[0] != '/') {
         size_t n = strlen(spelled);
         char *out = malloc(n + 1);
@@ -193,10 +195,21 @@ static char *rel_for(const char *spelled)
             while (*p == '/') p++;
         }
         out[o] = '\0';
-        if (inside && o > 0) return out;
+        if (inside && o > 0) {
+            *loose = false;
+            return out;
+        }
         free(out);
     }
     return str_dup(base_name(spelled));
+}
+
+static ms_status push_spelled(ms_batch_list *l, const char *path, const char *rel_source)
+{
+    bool loose;
+    MS_TRY(list_push(l, str_dup(path), rel_for(rel_source, &loose)));
+    l->items[l->n - 1].loose = loose;
+    return MS_OK;
 }
 
 static ms_status add_spelled(ms_batch_list *l, const char *path, const char *rel_source,
@@ -205,12 +218,52 @@ static ms_status add_spelled(ms_batch_list *l, const char *path, const char *rel
     struct stat sb;
     if (stat(path, &sb) != 0) {
         if (must_exist) return ms_error(MS_ERR_IO, "%s: %s", path, strerror(errno));
-        return list_push(l, str_dup(path), rel_for(rel_source));
+        return push_spelled(l, path, rel_source);
     }
     /* A folder named explicitly is read even when it is the skipped one (-o
      * = the input folder); the skip applies to folders found by -r. */
     if (S_ISDIR(sb.st_mode)) return add_dir(l, path, "", recursive, 0);
-    return list_push(l, str_dup(path), rel_for(rel_source));
+    return push_spelled(l, path, rel_source);
+}
+
+ms_status batch_place_loose(ms_batch_list *l)
+{
+    char **canon = calloc((size_t)(l->n ? l->n : 1), sizeof *canon);
+    MS_CHECK_ALLOC(canon, (size_t)l->n * sizeof *canon);
+    /* the deepest folder holding every loose file */
+    size_t common = 0;
+    const char *first = NULL;
+    for (int i = 0; i < l->n; i++) {
+        if (!l->items[i].loose || !(canon[i] = realpath(l->items[i].path, NULL))) continue;
+        const char *c = canon[i];
+        if (!first) {
+            first = c;
+            common = (size_t)(strrchr(c, '/') - c); /* realpath: absolute, has a '/' */
+            continue;
+        }
+        size_t k = 0;
+        while (k < common && c[k] == first[k]) k++;
+        if (k == common && c[k] == '/') continue; /* inside the current folder */
+        /* back to the last '/' before the first difference: a folder both share
+         * (first[0] is '/', so this ends at worst at the root) */
+        do k--; while (k > 0 && first[k] != '/');
+        common = k;
+    }
+    ms_status st = MS_OK;
+    for (int i = 0; i < l->n; i++) {
+        if (!canon[i]) continue;
+        char *rel = str_dup(canon[i] + common + 1);
+        if (!rel) {
+            st = ms_error(MS_ERR_OOM, "out of memory: output names");
+            break;
+        }
+        free(l->items[i].rel);
+        l->items[i].rel = rel;
+        l->items[i].loose = false;
+    }
+    for (int i = 0; i < l->n; i++) free(canon[i]);
+    free(canon);
+    return st;
 }
 
 ms_status batch_add_path(ms_batch_list *l, const char *path, bool recursive)

@@ -20,6 +20,8 @@ typedef struct {
     ino_t ino;
     bool exists;    /* stat() succeeded (a missing list entry fails later,
                      * with the other per-file errors) */
+    bool loose;     /* a list entry that is absolute or leaves its folder:
+                     * rel is its base name until batch_place_loose */
 } ms_batch_item;
 
 typedef struct {
@@ -55,6 +57,13 @@ ms_status batch_add_stream(ms_batch_list *l, FILE *f, const char *name, const ch
                            bool recursive);
 /* batch_add_stream on a file; base_dir is the list file's folder. */
 ms_status batch_add_list_file(ms_batch_list *l, const char *list_path, bool recursive);
+
+/* Loose entries (absolute or ".." list lines, like `find /data -name '*.jpg'`
+ * output) get as rel their path below the deepest folder holding all of
+ * them, so their sub-folders are mirrored and equal base names in different
+ * folders do not collide. Entries that do not exist keep their base name.
+ * Call once every input is added (the result depends on all of them). */
+ms_status batch_place_loose(ms_batch_list *l);
 
 /* Sorts by path (byte order) and drops repeated paths, so every process given
  * the same inputs sees the same order whatever the argument or directory order. */

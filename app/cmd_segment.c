@@ -40,8 +40,9 @@ static const char segment_help[] =
     "  -o, --output DIR        where masks go (created if needed)\n"
     "  -r, --recursive         descend into sub-folders of folder inputs\n"
     "  --list FILE             paths one a line; relative paths are relative to\n"
-    "                          FILE's folder (repeatable). Lines and - inputs that\n"
-    "                          are relative paths keep their sub-folders under DIR.\n"
+    "                          FILE's folder (repeatable). Paths from lists and -\n"
+    "                          keep their sub-folders under DIR: relative ones as\n"
+    "                          written, absolute ones below the folder they share.\n"
     "  --format index|label|color\n"
     "                          index (default): 8-bit palette PNG, pixel = class id,\n"
     "                          palette = the model's colours; label: 8-bit grey class\n"
@@ -655,6 +656,9 @@ static int parse_args(seg_args *a, int argc, char **argv)
     if (a->n_inputs == 0 && a->n_lists == 0 && !a->read_stdin)
         return usage_error("no input images (give files, folders, --list FILE or -)");
     if (!a->out_dir && !a->dump) return usage_error("-o DIR is required");
+    struct stat sb;
+    if (a->out_dir && stat(a->out_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return usage_error("-o %s: exists and is not a folder", a->out_dir);
     if (a->overlap >= 0 && a->tile == 0) return usage_error("--overlap needs --tile");
     if (a->tile > 0) {
         if (a->overlap < 0) a->overlap = a->tile / 4;
@@ -702,6 +706,10 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
         batch_add_stream(&p->list, stdin, "standard input", NULL, a->recursive) != MS_OK) {
         cli_error("%s", ms_last_error());
         ++*enum_failed;
+    }
+    if (batch_place_loose(&p->list) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        return 1;
     }
     batch_sort_unique(&p->list);
     int n = p->list.n;
@@ -777,7 +785,6 @@ int cmd_segment(int argc, char **argv)
         free(a.lists);
         return rc < 0 ? 0 : rc;
     }
-    double t_start = now_s();
     seg_plan plan;
     int enum_failed = 0;
     rc = build_plan(&plan, &a, &enum_failed);
@@ -836,10 +843,8 @@ int cmd_segment(int argc, char **argv)
     ms_result res;
     memset(&res, 0, sizeof res);
     job *j;
-    int not_started = 0;
     while (have_reader && (j = queue_get(&r.read_q)) != NULL) {
         if (g_stop || !have_writer) { /* interrupted: drop what is not started */
-            not_started++;
             job_free(j);
             continue;
         }
@@ -856,12 +861,10 @@ int cmd_segment(int argc, char **argv)
     queue_close(&r.write_q);
     if (have_reader) pthread_join(reader, NULL);
     if (have_writer) pthread_join(writer, NULL);
-    /* The reader stops at the first check after the signal; what it never
-     * read counts as not started too. */
-    int processed = r.done + r.failed - enum_failed + r.skipped;
-    not_started = plan.n_todo - processed;
+    /* Dropped after the signal, or never read by the reader. */
+    int not_started = plan.n_todo - (r.done + r.failed - enum_failed + r.skipped);
     show_progress(&r, true);
-    double el = now_s() - t_start;
+    double el = now_s() - r.t0; /* the pipeline's time: throughput, not model loading */
     if (!a.quiet || g_stop) {
         clear_bar(&r);
         fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", g_stop ? "interrupted: " : "",
@@ -876,7 +879,7 @@ int cmd_segment(int argc, char **argv)
 #ifdef MS_HAVE_VIEWER
     if (r.font) viz_font_free(r.font);
 #endif
-    rc = g_stop ? 130 : r.failed ? 1 : 0;
+    rc = !have_writer ? 1 : g_stop ? 130 : r.failed ? 1 : 0;
 out_plan:
     plan_free(&plan);
     free(a.inputs);

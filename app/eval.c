@@ -161,7 +161,9 @@ ms_status metrics_write_json(const char *path, const ms_metrics *m, const ms_con
     if (!f) {
         st = ms_error(MS_ERR_IO, "%s: %s", path, strerror(errno));
     } else {
-        bool wrote = fputs(s, f) >= 0 && fputc('\n', f) != EOF;
+        /* flushed to disk before the rename, so a crash leaves the old file or the new */
+        bool wrote = fputs(s, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
+                     fsync(fileno(f)) == 0;
         if (fclose(f) != 0 || !wrote) {
             st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
             unlink(tmp);

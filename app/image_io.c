@@ -584,8 +584,10 @@ static ms_status png_write_file(const char *path, const uint8_t *px, int w, int 
         st = ms_error(MS_ERR_IO, "%s: PNG write failed: %s (%s, %s:%d)", path, c.msg, c.call, MS_SRC_FILE, c.line);
     }
     png_destroy_write_struct(c.png ? &c.png : NULL, c.info ? &c.info : NULL);
-    /* Buffered write errors (disk full) only show up at fflush/fclose. */
-    if (st == MS_OK && (fflush(c.f) != 0 || ferror(c.f)))
+    /* Buffered write errors (disk full) only show up at fflush/fclose; fsync
+     * before the rename so a power loss never leaves a truncated file under
+     * the final name (which --skip-existing would trust). */
+    if (st == MS_OK && (fflush(c.f) != 0 || ferror(c.f) || fsync(fileno(c.f)) != 0))
         st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     if (fclose(c.f) != 0 && st == MS_OK) st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
     if (st == MS_OK && rename(tmp, path) != 0)

@@ -17,8 +17,12 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
+# Both sides use passive OpenMP waiting (mitaseg sets it for itself; libgomp
+# reads it at load time, so it must be set before torch is imported).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))

@@ -10,6 +10,8 @@
 #include "attention_full.h"
 
 #include <cblas.h>
+
+#include "gemm.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -77,8 +79,7 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
     int d = c / heads;
     int qblocks = (n + qb - 1) / qb;
     int items = heads * qblocks;
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
 #pragma omp parallel num_threads(chunks)
     {
         int t = 0;
@@ -93,5 +94,4 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
             attention_block(out, qkv, n, c, d, h, q0, nq, kb, tws);
         }
     }
-    openblas_set_num_threads(blas_threads);
 }

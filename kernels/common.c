@@ -9,9 +9,7 @@
 #include <omp.h>
 #endif
 
-#ifdef MS_HAVE_OPENBLAS
-#include <cblas.h>
-#endif
+#include "gemm.h"
 
 #ifdef MS_HAVE_CUDA
 ms_status cuda_arena_alloc_storage(uint8_t **out, size_t bytes);
@@ -147,8 +145,6 @@ void backend_set_threads(ms_backend *be, int threads)
 #else
     if (threads <= 0) threads = 1;
 #endif
-#ifdef MS_HAVE_OPENBLAS
-    openblas_set_num_threads(threads);
-#endif
+    gemm_init_threads(); /* OpenBLAS single-threaded: see kernels/gemm.h */
     be->threads = threads;
 }

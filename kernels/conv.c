@@ -1,8 +1,8 @@
 /* Convolutions on the CPU: im2col a band of output rows at a time, then one
  * sgemm per band; the transposed conv is a GEMM followed by a scatter. */
 #include "conv.h"
+#include "gemm.h"
 
-#include <cblas.h>
 
 static bool conv2d_is_pointwise(int kh, int kw, int stride, int pad)
 {
@@ -69,8 +69,8 @@ void conv2d_cpu(float *out, const float *in, const float *w, const float *b, int
     size_t plane = (size_t)ho * wo;
     if (conv2d_is_pointwise(kh, kw, stride, pad)) {
         /* out (co, hw) = w (co, ci) @ in (ci, hw) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, co, (int)plane, ci, 1.0f, w, ci,
-                    in, (int)plane, 0.0f, out, (int)plane);
+        gemm_cpu(out, w, in, co, (int)plane, ci, false, false, ci, (int)plane, (int)plane, 1.0f,
+                 0.0f);
     } else {
         size_t row = (size_t)kdim * wo;
         int band = (int)(ws_floats / row);
@@ -81,8 +81,8 @@ void conv2d_cpu(float *out, const float *in, const float *w, const float *b, int
             int npix = rows * wo;
             im2col_band(ws, in, ci, h, wd, kh, kw, stride, pad, wo, y0, rows);
             /* out[:, band] (co, npix; row stride ho*wo) = w (co, kdim) @ col (kdim, npix) */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, co, npix, kdim, 1.0f, w, kdim,
-                        ws, npix, 0.0f, out + (size_t)y0 * wo, (int)plane);
+            gemm_cpu(out + (size_t)y0 * wo, w, ws, co, npix, kdim, false, false, kdim, npix,
+                     (int)plane, 1.0f, 0.0f);
         }
     }
     bias_act(out, b, co, plane, act);
@@ -109,8 +109,8 @@ void conv_transpose2x2_cpu(float *out, const float *in, const float *w, const fl
         int rows = h - y0 < band ? h - y0 : band;
         int npix = rows * wd;
         /* t (4co, npix) = w^T, w stored (ci, 4co), @ in[:, band] (ci, npix; row stride h*wd) */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 4 * co, npix, ci, 1.0f, w, 4 * co,
-                    in + (size_t)y0 * wd, h * wd, 0.0f, ws, npix);
+        gemm_cpu(ws, w, in + (size_t)y0 * wd, 4 * co, npix, ci, true, false, 4 * co, h * wd, npix,
+                 1.0f, 0.0f);
         /* out[o, 2y+dy, 2x+dx] = t[(o*2+dy)*2+dx, (y-y0)*wd + x] */
 #pragma omp parallel for collapse(2) schedule(static)
         for (int o = 0; o < co; o++) {

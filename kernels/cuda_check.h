@@ -11,6 +11,8 @@
 
 #include "cuda_ctx.h"
 
+struct lt_cache; /* linear.cu */
+
 struct ms_cuda_ctx {
     int device;
     int cc_major, cc_minor;
@@ -23,7 +25,11 @@ struct ms_cuda_ctx {
     void *workspace;          /* cuBLASLt and cuDNN workspace, used on the one stream */
     size_t workspace_bytes;
     char name[320];
+    struct lt_cache *lt_cache; /* cuBLASLt plans by shape, linear.cu */
 };
+
+/* Frees linear.cu's cuBLASLt plan cache (cuda_ctx_free). */
+void linear_cuda_cache_free(ms_cuda_ctx *cu);
 
 /* Device memory exhaustion is an OOM, everything else a CUDA error. */
 static inline ms_status ms_cuda_status(cudaError_t e)

@@ -17,7 +17,9 @@ static ms_status cuda_ctx_probe(ms_cuda_ctx *cu, int device_index)
     if (e != cudaSuccess || drv == 0)
         return ms_error(MS_ERR_UNSUPPORTED, "no CUDA driver found (libcuda not loadable)");
     if (cudaRuntimeGetVersion(&rt) != cudaSuccess) rt = CUDART_VERSION;
-    if (drv < rt)
+    /* Same major version suffices (minor version compatibility: the build
+     * embeds machine code for its targets, no newer PTX to JIT). */
+    if (drv / 1000 < rt / 1000)
         return ms_error(MS_ERR_UNSUPPORTED,
                         "CUDA driver too old: it supports CUDA %d.%d, this build needs %d.%d",
                         drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
@@ -83,6 +85,7 @@ extern "C" void cuda_ctx_free(ms_cuda_ctx *cu)
 {
     if (!cu) return;
     if (cu->stream) (void)cudaStreamSynchronize(cu->stream);
+    linear_cuda_cache_free(cu);
     if (cu->workspace) (void)cudaFree(cu->workspace);
     if (cu->dnn) (void)cudnnDestroy(cu->dnn);
     if (cu->lt) (void)cublasLtDestroy(cu->lt);

@@ -1,14 +1,13 @@
 /* Linear layer on the CPU: one sgemm, then bias and activation in one pass. */
 #include "linear.h"
 
-#include <cblas.h>
+#include "gemm.h"
 
 void linear_cpu(float *out, const float *in, const float *w, const float *b, int n, int cin,
                 int cout, ms_act act, bool residual)
 {
     /* residual: out += in @ w^T (beta 1), else out = in @ w^T (beta 0) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cout, cin, 1.0f, in, cin, w, cin,
-                residual ? 1.0f : 0.0f, out, cout);
+    gemm_cpu(out, in, w, n, cout, cin, false, true, cin, cin, cout, 1.0f, residual ? 1.0f : 0.0f);
     if (!b && act == MS_ACT_NONE) return;
 #pragma omp parallel for schedule(static)
     for (int i = 0; i < n; i++) {

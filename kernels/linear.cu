@@ -6,6 +6,8 @@
 #include "cuda_check.h"
 #include "linear.h"
 
+#include <string.h>
+
 static cublasComputeType_t gemm_compute(bool fp32)
 {
     return fp32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_16BF;
@@ -55,20 +57,122 @@ static uint32_t ptr_align(const void *p)
     return al;
 }
 
-/* Owns the cuBLASLt descriptors of one call. */
-struct lt_call {
-    cublasLtMatmulDesc_t op = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    ~lt_call()
-    {
-        if (pref) cublasLtMatmulPreferenceDestroy(pref);
-        if (c) cublasLtMatrixLayoutDestroy(c);
-        if (b) cublasLtMatrixLayoutDestroy(b);
-        if (a) cublasLtMatrixLayoutDestroy(a);
-        if (op) cublasLtMatmulDescDestroy(op);
-    }
+/* cuBLASLt plans, cached per shape: descriptor creation and the heuristic
+ * query cost tens of microseconds of host time, per linear layer per image. */
+struct lt_plan {
+    int n, cin, cout, epi, fp32;
+    uint32_t al_a, al_b, al_c;
+    bool ok; /* false: cuBLASLt has no algorithm, use the fallback */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
 };
+
+#define LT_CACHE_SIZE 64
+
+struct lt_cache {
+    lt_plan plan[LT_CACHE_SIZE];
+    int used, next;
+};
+
+static void lt_plan_clear(lt_plan *p)
+{
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    memset(p, 0, sizeof *p);
+}
+
+void linear_cuda_cache_free(ms_cuda_ctx *cu)
+{
+    if (!cu->lt_cache) return;
+    for (int i = 0; i < cu->lt_cache->used; i++) lt_plan_clear(&cu->lt_cache->plan[i]);
+    ms_free(cu->lt_cache);
+    cu->lt_cache = NULL;
+}
+
+/* Builds a plan: column-major view out^T (cout x n) = w (cin x cout)^T *
+ * in^T (cin x n), epilogue epi, pointer alignments al_*. */
+static ms_status lt_plan_build(ms_cuda_ctx *cu, lt_plan *p)
+{
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, gemm_compute(p->fp32 != 0), CUDA_R_32F));
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtEpilogue_t epi = (cublasLtEpilogue_t)p->epi;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                                sizeof epi));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, p->cin, p->cout, p->cin));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, p->cin, p->n, p->cin));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, p->cout, p->n, p->cout));
+    cublasLtMatmulPreference_t pref = nullptr;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t wsb = cu->workspace_bytes;
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &p->al_a, sizeof p->al_a);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &p->al_b, sizeof p->al_b);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &p->al_c, sizeof p->al_c);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &p->al_c, sizeof p->al_c);
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    if (st == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(cu->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res,
+                                       &nres) == CUBLAS_STATUS_SUCCESS &&
+        nres > 0) {
+        p->ok = true;
+        p->algo = res.algo;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    CUBLAS_CHECK(st);
+    return MS_OK;
+}
+
+static ms_status lt_plan_get(ms_cuda_ctx *cu, lt_plan **out, const lt_plan *key)
+{
+    if (!cu->lt_cache) {
+        cu->lt_cache = (lt_cache *)ms_calloc(1, sizeof(lt_cache));
+        MS_CHECK_ALLOC(cu->lt_cache, sizeof(lt_cache));
+    }
+    lt_cache *lc = cu->lt_cache;
+    for (int i = 0; i < lc->used; i++) {
+        lt_plan *p = &lc->plan[i];
+        if (p->n == key->n && p->cin == key->cin && p->cout == key->cout && p->epi == key->epi &&
+            p->fp32 == key->fp32 && p->al_a == key->al_a && p->al_b == key->al_b &&
+            p->al_c == key->al_c) {
+            *out = p;
+            return MS_OK;
+        }
+    }
+    lt_plan *p;
+    if (lc->used < LT_CACHE_SIZE) {
+        p = &lc->plan[lc->used++];
+    } else { /* round-robin eviction */
+        p = &lc->plan[lc->next];
+        lc->next = (lc->next + 1) % LT_CACHE_SIZE;
+        lt_plan_clear(p);
+    }
+    *p = *key;
+    p->ok = false;
+    p->op = nullptr;
+    p->a = p->b = p->c = nullptr;
+    ms_status st = lt_plan_build(cu, p);
+    if (st != MS_OK) {
+        lt_plan_clear(p); /* an all-zero plan never matches a real key (n >= 1) */
+        return st;
+    }
+    *out = p;
+    return MS_OK;
+}
 
 /* Tries the fused cuBLASLt GEMM; *done = false when no algorithm fits (the
  * caller then uses cublasGemmEx plus bias_act). */
@@ -77,45 +181,29 @@ static ms_status linear_lt(const ms_backend *be, bool *done, float *out, const f
                            bool residual)
 {
     ms_cuda_ctx *cu = cuda_ctx_of(be);
-    lt_call L;
     *done = false;
-    /* Column-major view: out^T (cout x n) = w (cin x cout)^T * in^T (cin x n). */
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&L.op, gemm_compute(be->fp32), CUDA_R_32F));
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(L.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(L.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (b) epi = act == MS_ACT_RELU ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
     else if (act == MS_ACT_RELU) epi = CUBLASLT_EPILOGUE_RELU;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(L.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                sizeof epi));
+    lt_plan key;
+    memset(&key, 0, sizeof key);
+    key.n = n;
+    key.cin = cin;
+    key.cout = cout;
+    key.epi = (int)epi;
+    key.fp32 = be->fp32 ? 1 : 0;
+    key.al_a = ptr_align(w);
+    key.al_b = ptr_align(in);
+    key.al_c = ptr_align(out);
+    lt_plan *p = NULL;
+    MS_TRY(lt_plan_get(cu, &p, &key));
+    if (!p->ok) return MS_OK; /* not supported: fall back */
     if (b)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(L.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b,
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &b,
                                                     sizeof b));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&L.a, CUDA_R_32F, cin, cout, cin));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&L.b, CUDA_R_32F, cin, n, cin));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&L.c, CUDA_R_32F, cout, n, cout));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&L.pref));
-    size_t wsb = cu->workspace_bytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        L.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-    uint32_t al_a = ptr_align(w), al_b = ptr_align(in), al_c = ptr_align(out);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        L.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        L.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        L.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-        L.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-    cublasLtMatmulHeuristicResult_t res;
-    int nres = 0;
-    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(cu->lt, L.op, L.a, L.b, L.c, L.c, L.pref, 1,
-                                                       &res, &nres);
-    if (hs != CUBLAS_STATUS_SUCCESS || nres == 0) return MS_OK; /* not supported: fall back */
     float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(cu->lt, L.op, &alpha, w, L.a, in, L.b, &beta, out, L.c, out, L.c,
-                                &res.algo, cu->workspace, cu->workspace_bytes, cu->stream));
+    CUBLAS_CHECK(cublasLtMatmul(cu->lt, p->op, &alpha, w, p->a, in, p->b, &beta, out, p->c, out,
+                                p->c, &p->algo, cu->workspace, cu->workspace_bytes, cu->stream));
     *done = true;
     if (act == MS_ACT_GELU) MS_TRY(bias_act(cu, out, NULL, n, cout, MS_ACT_GELU));
     return MS_OK;

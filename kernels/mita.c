@@ -7,6 +7,8 @@
 #include "mita.h"
 
 #include <cblas.h>
+
+#include "gemm.h"
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -198,8 +200,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int c, int heads, in
      * GEMMs on its share (see attention_full.c for why): probe columns,
      * summary rows, routing rows. Results can differ by an ulp between
      * thread counts (OpenBLAS rounds a GEMM's edge tiles differently). */
-    int blas_threads = openblas_get_num_threads();
-    openblas_set_num_threads(1);
+    gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
 #pragma omp parallel num_threads(chunks)
     {
         int t = 0, nt = 1;
@@ -254,5 +255,4 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int c, int heads, in
 #pragma omp barrier /* the next head's probe overwrites R */
         }
     }
-    openblas_set_num_threads(blas_threads);
 }

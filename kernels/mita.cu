@@ -378,19 +378,24 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     if ((size_t)n * 3 * c > (size_t)INT32_MAX || (size_t)heads * m * n > ((size_t)1 << 40))
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: n=%d too large", n);
 
-    /* Routed tile: as many keys as fit next to the summaries. */
+    /* Routed tile: as many keys (up to 64) as fit next to the summaries in
+     * the default 48 KB of shared memory; when the summaries alone crowd
+     * that out (large M or d), opt in to the device's larger limit. */
+    const size_t need_sv = (size_t)m * d * sizeof(float), row2 = 2 * (size_t)d * sizeof(float);
     size_t limit = 48 * 1024;
-    size_t need_sv = (size_t)m * d * sizeof(float);
     int kt = k < MITA_KT_MAX ? k : MITA_KT_MAX;
-    while (kt > 1 && need_sv + 2 * (size_t)kt * d * sizeof(float) > limit) kt /= 2;
-    size_t smem = need_sv + 2 * (size_t)kt * d * sizeof(float);
-    if (smem > limit) {
-        if (smem > cu->smem_optin)
+    while (kt > 16 && need_sv + kt * row2 > limit) kt /= 2;
+    if (need_sv + kt * row2 > limit) {
+        limit = cu->smem_optin;
+        kt = k < MITA_KT_MAX ? k : MITA_KT_MAX;
+        while (kt > 1 && need_sv + kt * row2 > limit) kt /= 2;
+        if (need_sv + kt * row2 > limit)
             return ms_error(MS_ERR_UNSUPPORTED,
                             "mita_cuda: %d landmarks x head dim %d need %zu bytes of shared "
                             "memory, the device has %zu",
-                            m, d, smem, cu->smem_optin);
+                            m, d, need_sv + row2, cu->smem_optin);
     }
+    const size_t smem = need_sv + kt * row2;
 
     mita_layout L = mita_plan(n, c, heads, m, k);
     uint8_t *base = (uint8_t *)ws;

@@ -192,10 +192,19 @@ MS_HD void osm_query_keys(float *m, float *l, float *acc, const float *q /* (d) 
 {
     for (int j = 0; j < nk; j++) {
         const float *kr = ks + (long)j * d;
-        float dot = 0.0f;
+        /* four partial sums: independent FMA chains keep the GPU's pipes
+         * busy (one chain of d dependent FMAs would be latency-bound) */
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        int i = 0;
         MS_UNROLL
-        for (int i = 0; i < d; i++) dot += q[i] * kr[i];
-        osm_push(m, l, acc, dot * s, vs + (long)j * d, d);
+        for (; i + 4 <= d; i += 4) {
+            d0 += q[i] * kr[i];
+            d1 += q[i + 1] * kr[i + 1];
+            d2 += q[i + 2] * kr[i + 2];
+            d3 += q[i + 3] * kr[i + 3];
+        }
+        for (; i < d; i++) d0 += q[i] * kr[i];
+        osm_push(m, l, acc, ((d0 + d1) + (d2 + d3)) * s, vs + (long)j * d, d);
     }
 }
 

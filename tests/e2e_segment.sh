@@ -82,6 +82,8 @@ seg --list in/list.txt -o o_list -q
 check "--list: relative to the list, sub-folders kept" bash -c "[ -f o_list/a.png ] && [ -f o_list/sub/deep/d.png ]"
 printf 'in/b.jpg\n%s\n' "$T/in/sub/c.png" | seg - -o o_stdin -q
 check "stdin: relative path mirrored, absolute by base name" bash -c "[ -f o_stdin/in/b.png ] && [ -f o_stdin/c.png ]"
+find "$T/in" -name '*.png' | seg - -o o_find -q
+check "stdin from find (absolute): mirrored below the shared folder" bash -c "[ -f o_find/a.png ] && [ -f o_find/sub/c.png ]"
 
 # ---- formats, overlay, dump ---------------------------------------------------------
 seg in/a.png -o o_label --format label -q
@@ -91,7 +93,7 @@ check "--format color: palette colours" h color_ok o_color/a.png o_files/a.png "
 check "--overlay: 50% blend" h overlay_ok o_color/a.overlay.png in/a.png o_files/a.png "$MODEL"
 seg in/a.png -o o_dump --dump a.safetensors -q
 check "--dump: logits, mask = PNG = argmax, MiTA layers" h dump_ok a.safetensors o_dump/a.png "$MODEL"
-seg in/a.png -o o_heat --heatmaps -q 2>err.txt
+seg in/a.png -o o_heat --heatmaps --attention mita -q 2>err.txt
 rc=$?
 if grep -q "not available in this build" err.txt; then
     echo "note: no headless renderer in this build; --heatmaps not exercised"

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "app/engine.h"
+#include "app/model_file.h"
+#include "kernels/mita_cuda_math.h" /* mita_landmark_value: exact-score references */
 #include "kernels/ops.h"
 #include "tests/testutil.h"
 
@@ -221,6 +224,42 @@ typedef struct {
     bool shd;
 } mita_case;
 
+/* Exact-score references in double for judging near-ties: P (heads, m, n)
+ * and R (heads, n, m) from the landmarks both implementations compute
+ * identically (mita_landmark_value). */
+static void mita_scores_ref(double *pd, double *rd, const float *qkv, const mita_case *t)
+{
+    int n = t->hp * t->wp, m = t->gh * t->gw, c = t->c, d = c / t->heads;
+    float *land = malloc((size_t)m * c * sizeof(float));
+    ck_assert_ptr_nonnull(land);
+    for (int mi = 0; mi < m; mi++)
+        for (int ch = 0; ch < c; ch++)
+            land[(size_t)mi * c + ch] = mita_landmark_value(qkv, t->hp, t->wp, 3 * c, ch,
+                                                            mi / t->gw, mi % t->gw, t->gh, t->gw);
+    for (int h = 0; h < t->heads; h++)
+        for (int mi = 0; mi < m; mi++)
+            for (int j = 0; j < n; j++) {
+                const float *l = land + (size_t)mi * c + h * d;
+                const float *q = qkv + (size_t)j * 3 * c + h * d, *k = q + c;
+                double pk = 0, pq = 0;
+                for (int i = 0; i < d; i++) {
+                    pk += (double)l[i] * k[i];
+                    pq += (double)l[i] * q[i];
+                }
+                pd[((size_t)h * m + mi) * n + j] = pk;
+                rd[((size_t)h * n + j) * m + mi] = pq;
+            }
+    free(land);
+}
+
+/* Two FP32 GEMMs (cuBLAS, OpenBLAS) round differently (~1e-7 relative), so a
+ * pair of scores closer than that may order either way. Decisions are
+ * compared exactly, except where the two choices' exact scores are within
+ * MITA_TIE of the row's range: such a near-tie is accepted (and counted),
+ * and the queries it touches (routed to an expert whose set differs, or
+ * routed differently) are left out of the output comparison. */
+#define MITA_TIE 1e-5
+
 START_TEST(test_mita)
 {
     const mita_case cases[] = {
@@ -228,7 +267,7 @@ START_TEST(test_mita)
         {2, 3, 8, 1, 2, 2, 6, false},      /* k = n */
         {9, 11, 128, 2, 7, 7, 49, true},   /* d = 64, default M and k, empty experts */
         {13, 10, 96, 3, 4, 5, 17, false},  /* d = 32, overlapping windows */
-        {25, 40, 384, 3, 7, 7, 100, true}, /* d = 128, n = 1000, key tiles of 64 */
+        {25, 40, 384, 3, 7, 7, 100, true}, /* d = 128, n = 1000, key tiles */
         {1, 1, 4, 1, 1, 1, 1, true},       /* one token */
         {50, 100, 16, 1, 2, 2, 4500, false}, /* k > MS_TOPK_SMEM: rank-sort path */
         {64, 64, 384, 6, 7, 7, 49, true},  /* n = 4096, DeiT-S width */
@@ -238,7 +277,7 @@ START_TEST(test_mita)
     for (int ci = 0; ci < ncases; ci++) {
         const mita_case *t = &cases[ci];
         if (g_small && (ci == 6 || ci == 7)) continue;
-        int n = t->hp * t->wp, m = t->gh * t->gw, H = t->heads, k = t->k;
+        int n = t->hp * t->wp, m = t->gh * t->gw, H = t->heads, k = t->k, d = t->c / H;
         size_t mark = arena_mark(&g_dev), nq = (size_t)n * 3 * t->c, no = (size_t)n * t->c;
         size_t ntk = (size_t)H * m * k, nr = (size_t)H * n;
         float *qkv = hrand(nq, 60 + (uint32_t)ci, -1.5f, 1.5f);
@@ -246,7 +285,13 @@ START_TEST(test_mita)
         float *rmass = malloc(nr * sizeof(float)), *gmass = hpoison(nr);
         int32_t *rtopk = malloc(ntk * 4), *gtopk = malloc(ntk * 4);
         int32_t *rroute = malloc(nr * 4), *groute = malloc(nr * 4);
-        ck_assert(ref && rmass && rtopk && gtopk && rroute && groute);
+        double *pd = malloc((size_t)H * m * n * sizeof(double));
+        double *rd = malloc((size_t)H * n * m * sizeof(double));
+        uint8_t *skip = calloc(nr, 1), *set_differs = calloc((size_t)H * m, 1);
+        char *mark_tk = calloc((size_t)n, 1);
+        ck_assert(ref && rmass && rtopk && gtopk && rroute && groute && pd && rd && skip &&
+                  set_differs && mark_tk);
+        mita_scores_ref(pd, rd, qkv, t);
         ms_mita_params p = {t->gh, t->gw, k, t->shd};
         ms_backend cb = cpu_be();
         ms_mita_record rrec = {rtopk, rroute, rmass};
@@ -263,21 +308,73 @@ START_TEST(test_mita)
             dget(gmass, dmass, nr * sizeof(float));
             dget(gtopk, dtopk, ntk * 4);
             dget(groute, droute, nr * 4);
-            /* MiTA's GEMMs are FP32 in both modes (kernels/mita.cu), so the
-             * index sets and routes must match exactly in both. */
-            for (size_t i = 0; i < ntk; i++)
-                ck_assert_msg(gtopk[i] == rtopk[i], "case %d mode %d: topk[%zu] gpu %d cpu %d",
-                              ci, mode, i, gtopk[i], rtopk[i]);
-            for (size_t i = 0; i < nr; i++)
-                ck_assert_msg(groute[i] == rroute[i], "case %d mode %d: route[%zu] gpu %d cpu %d",
-                              ci, mode, i, groute[i], rroute[i]);
+            /* MiTA's GEMMs are FP32 in both modes (kernels/mita.cu): the same
+             * decisions are expected in both. */
+            int ties = 0;
+            memset(set_differs, 0, (size_t)H * m);
+            memset(skip, 0, nr);
+            for (int r = 0; r < H * m; r++) {
+                const double *prow = pd + (size_t)r * n;
+                double scale = 1e-30;
+                for (int j = 0; j < n; j++) scale = fmax(scale, fabs(prow[j]));
+                const int32_t *g = gtopk + (size_t)r * k, *c = rtopk + (size_t)r * k;
+                memset(mark_tk, 0, (size_t)n);
+                for (int j = 0; j < k; j++) {
+                    ck_assert_msg(g[j] >= 0 && g[j] < n && !mark_tk[g[j]],
+                                  "case %d row %d: topk[%d] = %d invalid or repeated", ci, r, j,
+                                  g[j]);
+                    mark_tk[g[j]] = 1;
+                    if (g[j] == c[j]) continue;
+                    ck_assert_msg(fabs(prow[g[j]] - prow[c[j]]) <= MITA_TIE * scale,
+                                  "case %d mode %d row %d rank %d: gpu %d (%.9g) cpu %d (%.9g)",
+                                  ci, mode, r, j, g[j], prow[g[j]], c[j], prow[c[j]]);
+                    ties++;
+                }
+                for (int j = 0; j < k; j++) set_differs[r] |= !mark_tk[c[j]];
+            }
+            int flips = 0;
+            for (size_t i = 0; i < nr; i++) {
+                int h = (int)(i / n);
+                if (groute[i] != rroute[i]) {
+                    const double *rrow = rd + i * m;
+                    double scale = 1e-30;
+                    for (int e = 0; e < m; e++) scale = fmax(scale, fabs(rrow[e]));
+                    ck_assert_msg(groute[i] >= 0 && groute[i] < m &&
+                                      fabs(rrow[groute[i]] - rrow[rroute[i]]) <= MITA_TIE * scale,
+                                  "case %d mode %d: route[%zu] gpu %d cpu %d", ci, mode, i,
+                                  groute[i], rroute[i]);
+                    flips++;
+                    skip[i] = 1;
+                }
+                if (set_differs[h * m + rroute[i]]) skip[i] = 1;
+            }
+            size_t skipped = 0;
+            for (size_t i = 0; i < nr; i++) skipped += skip[i];
+            ck_assert_msg(skipped * 100 <= nr, "case %d: %zu of %zu queries touched by near-ties",
+                          ci, skipped, nr);
+            if (ties || flips)
+                printf("mita case %d mode %d: %d near-tie rank swaps, %d near-tie route flips, "
+                       "%zu queries not compared\n", ci, mode, ties, flips, skipped);
+            /* compare the (query, head) slices the near-ties did not touch */
+            for (size_t i = 0; i < nr; i++) {
+                int h = (int)(i / n), q = (int)(i % n);
+                if (skip[i]) {
+                    memcpy(got + (size_t)q * t->c + h * d, ref + (size_t)q * t->c + h * d,
+                           (size_t)d * sizeof(float));
+                    gmass[i] = rmass[i];
+                }
+            }
             check_close(got, ref, no, TOL_FP32, "mita out");
             check_close(gmass, rmass, nr, TOL_FP32, "mita shared mass");
-            /* without records: same output */
-            float *dout2 = dalloc(no * sizeof(float));
+            /* without records: the same output */
+            float *dout2 = dput(ref, no);
             OK(op_mita(&gb, dout2, dqkv, t->hp, t->wp, t->c, H, &p, NULL));
-            dget(got, dout2, no * sizeof(float));
-            check_close(got, ref, no, TOL_FP32, "mita out without records");
+            float *got2 = malloc(no * sizeof(float));
+            dget(got2, dout2, no * sizeof(float));
+            dget(got, dout, no * sizeof(float));
+            ck_assert_msg(memcmp(got, got2, no * sizeof(float)) == 0,
+                          "case %d: output differs without records", ci);
+            free(got2);
         }
         /* count experts that no query chose */
         for (int h = 0; h < H; h++)
@@ -286,8 +383,9 @@ START_TEST(test_mita)
                 for (int q = 0; q < n; q++) cnt += rroute[(size_t)h * n + q] == e;
                 empty += cnt == 0;
             }
-        free(qkv); free(ref); free(got); free(rmass); free(gmass);
-        free(rtopk); free(gtopk); free(rroute); free(groute);
+        free(qkv); free(ref); free(got); free(rmass); free(gmass); free(rtopk); free(gtopk);
+        free(rroute); free(groute); free(pd); free(rd); free(skip); free(set_differs);
+        free(mark_tk);
         arena_reset(&g_dev, mark);
     }
     ck_assert_int_gt(empty, 0);
@@ -456,6 +554,88 @@ START_TEST(test_errors)
 }
 END_TEST
 
+
+/* End to end on the fixtures: the engine on CUDA against the engine on the
+ * CPU, same model, same image. Masks agree on >= 99.5% of the pixels (the
+ * issue's bound: a pixel whose top two logits are within the GEMMs' rounding
+ * may flip); in FP32 mode the logits agree within 1e-3 of their range (many
+ * layers of 1e-6-level differences) and the MiTA records are identical. */
+static void e2e_case(const char *case_name)
+{
+    char mpath[256], gpath[256], mfull[4096];
+    snprintf(mpath, sizeof mpath, "%s.model.safetensors", case_name);
+    snprintf(gpath, sizeof gpath, "%s.golden.safetensors", case_name);
+    snprintf(mfull, sizeof mfull, "%s", fixture_path(mpath));
+    ms_model_file *g = NULL;
+    ck_assert_msg(safetensors_open(&g, fixture_path(gpath)) == MS_OK, "%s", ms_last_error());
+    const ms_tensor *img_t = model_file_find(g, "image");
+    ck_assert_ptr_nonnull(img_t);
+    ms_image img = {.h = (int)img_t->shape[0], .w = (int)img_t->shape[1],
+                    .rgb = (uint8_t *)img_t->data};
+    ms_run_options ro = {.attention = -1, .record = true};
+    const char *att = model_file_metadata(g, "attention");
+    if (att) ro.attention = strcmp(att, "full") ? MS_ATTN_MITA : MS_ATTN_FULL;
+
+    ms_engine_options co = {.device = MS_DEV_CPU, .threads = 0};
+    ms_engine *ec = NULL;
+    ck_assert_msg(engine_init(&ec, mfull, &co) == MS_OK, "%s", ms_last_error());
+    ms_result rc = {0};
+    ck_assert_msg(engine_run(ec, &rc, &img, &ro) == MS_OK, "%s", ms_last_error());
+    for (int mode = 0; mode < 2; mode++) {
+        ms_engine_options go = {.device = MS_DEV_CUDA, .fp32 = mode == 0};
+        ms_engine *eg = NULL;
+        ck_assert_msg(engine_init(&eg, mfull, &go) == MS_OK, "%s cuda: %s", case_name,
+                      ms_last_error());
+        ck_assert_int_eq(engine_device(eg), MS_DEV_CUDA);
+        ms_result rg = {0};
+        for (int rep = 0; rep < 2; rep++) /* the second run reuses the sized arena */
+            ck_assert_msg(engine_run(eg, &rg, &img, &ro) == MS_OK, "%s cuda: %s", case_name,
+                          ms_last_error());
+        ck_assert_int_eq(rg.h, rc.h);
+        ck_assert_int_eq(rg.w, rc.w);
+        size_t np = (size_t)rc.h * rc.w, same = 0;
+        for (size_t i = 0; i < np; i++) same += rg.mask[i] == rc.mask[i];
+        ck_assert_msg((double)same >= 0.995 * (double)np, "%s %s: masks agree on %.3f%%",
+                      case_name, mode ? "bf16" : "fp32", 100.0 * (double)same / (double)np);
+        if (mode == 0) {
+            char what[96];
+            snprintf(what, sizeof what, "%s fp32 logits", case_name);
+            check_close(rg.logits, rc.logits, np * (size_t)rc.classes, 1e-3, what);
+            if (rc.attention == MS_ATTN_MITA && rc.topk_idx && rg.topk_idx) {
+                size_t per = (size_t)rc.depth * rc.heads * rc.m * rc.k;
+                size_t pr = (size_t)rc.depth * rc.heads * rc.n;
+                /* identical up to near-ties (test_mita checks those exactly;
+                 * here the scores are not at hand): at most 0.1% of entries */
+                size_t diff = 0, total = 0;
+                for (int l = 0; l < rc.depth; l++) {
+                    if (!rc.layer_mita[l]) continue;
+                    size_t a = per / rc.depth, b = pr / rc.depth;
+                    for (size_t j = 0; j < a; j++)
+                        diff += rg.topk_idx[l * a + j] != rc.topk_idx[l * a + j];
+                    for (size_t j = 0; j < b; j++) diff += rg.route[l * b + j] != rc.route[l * b + j];
+                    total += a + b;
+                }
+                if (diff) printf("e2e %s: %zu of %zu MiTA record entries differ\n", case_name, diff, total);
+                ck_assert_msg(diff * 1000 <= total, "%s: %zu of %zu MiTA record entries differ",
+                              case_name, diff, total);
+            }
+        }
+        result_free(&rg);
+        engine_free(eg);
+    }
+    result_free(&rc);
+    engine_free(ec);
+    model_file_close(g);
+}
+
+START_TEST(test_e2e_fixtures)
+{
+    const char *cases[] = {"full_none", "mita_d", "mita_sqrtd_conv", "pad_resize",
+                           "posgrid",   "small_grid", "f16"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) e2e_case(cases[i]);
+}
+END_TEST
+
 static Suite *backend_suite(void)
 {
     /* One case per op family, so a run can pick one: CK_RUN_CASE=mita. */
@@ -468,7 +648,8 @@ static Suite *backend_suite(void)
                  {"mita", test_mita},
                  {"conv", test_conv},
                  {"image", test_image_ops},
-                 {"errors", test_errors}};
+                 {"errors", test_errors},
+                 {"e2e", test_e2e_fixtures}};
     Suite *s = suite_create("backend");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         TCase *tc = tcase_create(cases[i].name);

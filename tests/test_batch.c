@@ -167,6 +167,31 @@ START_TEST(stdin_stream)
     ck_assert_str_eq(l.items[0].rel, "a.png"); /* absolute: base name */
     batch_list_free(&l);
 
+    /* absolute lines (find /data -name ... | mitaseg segment -): mirrored below
+     * the deepest folder holding them all */
+    touch("d/subx/c.jpeg", "x"); /* "sub" and "subx" share only d/ */
+    snprintf(text, sizeof text, "%s\n%s\n%s\n%s\n", at("d/sub/deep/e.png"), at("d/sub/c.jpeg"),
+             at("d/subx/c.jpeg"), at("d/nope.png"));
+    f = fmemopen(text, strlen(text), "r");
+    batch_list_init(&l);
+    ck_assert_int_eq(batch_add_stream(&l, f, "standard input", NULL, false), MS_OK);
+    fclose(f);
+    ck_assert_int_eq(batch_place_loose(&l), MS_OK);
+    ck_assert_int_ge(find_rel(&l, "sub/deep/e.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "sub/c.jpeg"), 0);
+    ck_assert_int_ge(find_rel(&l, "subx/c.jpeg"), 0);
+    ck_assert_int_ge(find_rel(&l, "nope.png"), 0); /* missing: base name */
+    batch_list_free(&l);
+    /* one file: its base name */
+    snprintf(text, sizeof text, "%s\n", at("d/sub/deep/e.png"));
+    f = fmemopen(text, strlen(text), "r");
+    batch_list_init(&l);
+    ck_assert_int_eq(batch_add_stream(&l, f, "standard input", NULL, false), MS_OK);
+    fclose(f);
+    ck_assert_int_eq(batch_place_loose(&l), MS_OK);
+    ck_assert_str_eq(l.items[0].rel, "e.png");
+    batch_list_free(&l);
+
     /* relative lines stay relative to the working directory and mirror */
     ck_assert_int_eq(chdir(root), 0);
     char rel_text[] = "d/sub/c.jpeg\n";

@@ -270,11 +270,11 @@ START_TEST(test_heatmap_pruned)
         }
     ck_assert_int_gt(hatch, 100);
     ck_assert_int_gt(grey, 100);
-    /* a picked token: the image blended with viridis(count / max) */
+    /* a picked token: the image blended with viridis(sqrt(count / max)) */
     int t = pick(0, 0, 0, 0);
     ck_assert_int_gt(count[t], 0);
     uint8_t heat[3];
-    viz_viridis(heat, (float)count[t] / (float)mx);
+    viz_viridis(heat, sqrtf((float)count[t] / (float)mx));
     int wx = lay.image.x + (t % WP) * PATCH * SCALE + 3, wy = lay.image.y + (t / WP) * PATCH * SCALE + 3;
     int ox = (wx - lay.image.x) / SCALE, oy = (wy - lay.image.y) / SCALE;
     assert_blend(at(px, wx, wy), img_px(&f, oy, ox), heat, 0.6, wx, wy);

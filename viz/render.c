@@ -175,6 +175,31 @@ static int text(const canvas *c, int x, int y, const char *s, const uint8_t rgb[
 
 static int text_w(const canvas *c, const char *s) { return viz_text_width(c->font, s); }
 
+/* Shortens buf (size bytes) in place to at most w pixels, ending in ".."
+ * when cut. */
+static void text_fit(const canvas *c, char *buf, size_t size, int w)
+{
+    size_t n = strlen(buf);
+    if (!c->font || text_w(c, buf) <= w || size < 3) return;
+    char tmp[300];
+    while (n > 0) {
+        n--;
+        snprintf(tmp, sizeof tmp, "%.*s..", (int)n, buf);
+        if (text_w(c, tmp) <= w) break;
+    }
+    if (n + 3 > size) n = size - 3;
+    snprintf(buf + n, size - n, "..");
+}
+
+/* Draws s cut to w pixels. */
+static void text_in(const canvas *c, int w, int x, int y, const char *s, const uint8_t rgb[3])
+{
+    char buf[300];
+    snprintf(buf, sizeof buf, "%s", s);
+    text_fit(c, buf, sizeof buf, w);
+    text(c, x, y, buf, rgb);
+}
+
 /* Text with a dark one-pixel shadow, for labels over pictures. */
 static void text_shadow(const canvas *c, int x, int y, const char *s, const uint8_t rgb[3])
 {
@@ -443,7 +468,7 @@ static void pruned_rgb(uint8_t out[3], const uint8_t src[3], int x, int y)
 
 static void heat_rgb(uint8_t out[3], int count, int max)
 {
-    viz_viridis(out, max > 0 ? (float)count / (float)max : 0.f);
+    viz_viridis(out, viz_heat_level(count, max));
 }
 
 static void window_outline(const canvas *c, const pixmap *p, const ms_result *r, int e)
@@ -509,22 +534,21 @@ static const int32_t *route_of(const ms_result *r, int layer, int head)
 static void draw_heat_tile(const canvas *c, viz_rect rect, const ms_image *img, const ms_result *r,
                            const int *count, int max)
 {
+    uint8_t *tok_rgb = malloc((size_t)r->n * 3); /* (n, 3) */
+    if (!tok_rgb) return;
+    for (int t = 0; t < r->n; t++) heat_rgb(tok_rgb + 3 * t, count[t], max);
     for (int y = 0; y < rect.h; y++) {
         int oy = (int)((int64_t)y * img->h / rect.h);
         for (int x = 0; x < rect.w; x++) {
             int ox = (int)((int64_t)x * img->w / rect.w);
             int t = viz_token_of_pixel(r, oy, ox);
-            uint8_t rgb[3];
-            if (count[t] > 0) {
-                heat_rgb(rgb, count[t], max);
-            } else if (viz_hatch(rect.x + x, rect.y + y)) {
-                memcpy(rgb, col_pruned, 3);
-            } else {
-                rgb[0] = rgb[1] = rgb[2] = 40;
-            }
+            static const uint8_t base[3] = {40, 40, 40};
+            const uint8_t *rgb = count[t] > 0 ? tok_rgb + 3 * t
+                                 : viz_hatch(rect.x + x, rect.y + y) ? col_pruned : base;
             put(c, rect.x + x, rect.y + y, rgb);
         }
     }
+    free(tok_rgb);
 }
 
 static void draw_full_tile(const canvas *c, viz_rect rect)
@@ -706,6 +730,7 @@ static void line(pen *p, const uint8_t rgb[3], const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    text_fit(p->c, buf, sizeof buf, p->w);
     text(p->c, p->x, p->y, buf, rgb);
     p->y += p->c->line_h;
 }
@@ -720,10 +745,17 @@ static void colourbar(pen *p, int max)
         for (int y = 0; y < h; y++) put(c, p->x + x, p->y + y, rgb);
     }
     p->y += h + 2;
+    /* ticks at both ends and the middle (level 0.5 is count max/4) */
     char buf[32];
     text(c, p->x, p->y, "1", col_dim);
     snprintf(buf, sizeof buf, "%d", max);
     text(c, p->x + w - text_w(c, buf), p->y, buf, col_dim);
+    if (max >= 8) {
+        snprintf(buf, sizeof buf, "%d", (max + 2) / 4);
+        text(c, p->x + w / 2 - text_w(c, buf) / 2, p->y, buf, col_dim);
+        put(c, p->x + w / 2, p->y - 2, col_dim);
+        put(c, p->x + w / 2, p->y - 1, col_dim);
+    }
     p->y += c->line_h;
     /* the pruned swatch, with the same hatching as the picture */
     for (int y = 0; y < 12; y++)
@@ -774,11 +806,12 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
             if (!hid) fill(c, sw, st->palette[cls]);
             /* hidden: an empty square; a grey rim keeps dark swatches visible */
             frame(c, sw, hid ? col_dim : col_tile_border, 1);
-            char buf[MS_CLASS_NAME + 32];
-            snprintf(buf, sizeof buf, "%s", st->class_names[cls]);
-            text(c, e.x + 18, e.y, buf, hid ? col_dim : col_text);
-            snprintf(buf, sizeof buf, hid ? "hidden" : "%.1f%%", 100.0 * cnt[cls] / total);
-            text(c, e.x + e.w - text_w(c, buf), e.y, buf, col_dim);
+            char name[MS_CLASS_NAME + 4], pct[32];
+            snprintf(pct, sizeof pct, hid ? "hidden" : "%.1f%%", 100.0 * cnt[cls] / total);
+            snprintf(name, sizeof name, "%s", st->class_names[cls]);
+            text_fit(c, name, sizeof name, e.w - 18 - text_w(c, pct) - 6);
+            text(c, e.x + 18, e.y, name, hid ? col_dim : col_text);
+            text(c, e.x + e.w - text_w(c, pct), e.y, pct, col_dim);
         }
         if (lay->legend_more) {
             p.y = lay->n_legend ? lay->legend[lay->n_legend - 1].y + c->line_h : lay->legend_y;
@@ -864,6 +897,7 @@ foot:;
         while (*s && rows < PANEL_FOOT_ROWS - 3) {
             size_t len = strcspn(s, "\n");
             snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf - 1 ? len : sizeof buf - 1), s);
+            text_fit(c, buf, sizeof buf, p.w);
             text(c, p.x, y, buf, col_dim);
             y += c->line_h;
             rows++;
@@ -877,22 +911,22 @@ foot:;
     if (h.kind == VIZ_HIT_IMAGE && h.img_x >= 0) {
         int cls = r->mask[(size_t)h.img_y * r->w + h.img_x];
         snprintf(buf, sizeof buf, "(%d,%d) token %d", h.img_x, h.img_y, h.token);
-        text(c, p.x, y, buf, col_dim);
+        text_in(c, p.w, p.x, y, buf, col_dim);
         snprintf(buf, sizeof buf, "%s  %.2f", cls < st->n_classes ? st->class_names[cls] : "?",
                  (double)viz_pixel_score(r, h.img_y, h.img_x));
-        text(c, p.x, y + c->line_h, buf, col_text);
+        text_in(c, p.w, p.x, y + c->line_h, buf, col_text);
         if (v->rec && v->layer_mita && h.token >= 0) {
             snprintf(buf, sizeof buf, "picked by %d, expert %d", v->count[h.token],
                      route_of(r, v->layer, v->vhead)[h.token]);
-            text(c, p.x, y + 2 * c->line_h, buf, col_dim);
+            text_in(c, p.w, p.x, y + 2 * c->line_h, buf, col_dim);
         }
     } else if (h.kind == VIZ_HIT_LAYER) {
         snprintf(buf, sizeof buf, "layer %d: click to select", h.value);
-        text(c, p.x, y + c->line_h, buf, col_dim);
+        text_in(c, p.w, p.x, y + c->line_h, buf, col_dim);
     } else if (h.kind == VIZ_HIT_LEGEND) {
         snprintf(buf, sizeof buf, "click: %s %s", viz_class_hidden(st, h.value) ? "show" : "hide",
                  st->class_names[h.value]);
-        text(c, p.x, y + c->line_h, buf, col_dim);
+        text_in(c, p.w, p.x, y + c->line_h, buf, col_dim);
     }
 }
 

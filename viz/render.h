@@ -6,6 +6,8 @@
 #ifndef MS_VIZ_RENDER_H
 #define MS_VIZ_RENDER_H
 
+#include <math.h>
+
 #include "../app/engine.h"
 #include "colormap.h"
 #include "text.h"
@@ -146,6 +148,14 @@ double viz_pruned_fraction(int *tokens, const int *count /* (n) */, const ms_res
 /* Largest selection count over every MiTA layer (the heatmaps' shared scale,
  * so layers compare); scratch holds n ints. */
 int viz_selection_max(int *scratch /* (n) */, const ms_result *r, int head);
+
+/* Heatmap colour level of a selection count: sqrt(count / max), since
+ * counts are heavy-tailed and a linear map leaves most positions in the
+ * darkest colours. */
+static inline float viz_heat_level(int count, int max)
+{
+    return max > 0 && count > 0 ? sqrtf((float)count / (float)max) : 0.f;
+}
 
 /* Probability of the argmax class at an original pixel (softmax of logits). */
 float viz_pixel_score(const ms_result *r, int y, int x);

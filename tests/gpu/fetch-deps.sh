@@ -6,7 +6,7 @@
 # only when the GPU machine lacks them. Debian 12 libraries need glibc <= 2.36,
 # so they run on the GPU image's newer glibc.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 mkdir -p build-gpu-deps
 cd build-gpu-deps
 apt-get download \
