@@ -605,3 +605,27 @@ void batch_blend(uint8_t *out, const uint8_t *img, const uint8_t *mask, size_t n
             out[3 * p + k] = (uint8_t)((img[3 * p + k] + col[k] + 1) / 2);
     }
 }
+
+typedef struct {
+    ms_engine *e;
+    ms_result *res;
+    const ms_run_options *opt;
+} tile_ctx;
+
+static ms_status run_crop(void *vctx, const float **logits, const uint8_t *crop, int cw, int ch)
+{
+    tile_ctx *c = vctx;
+    ms_image img = {.w = cw, .h = ch, .rgb = (uint8_t *)crop}; /* engine_run only reads it */
+    MS_TRY(engine_run(c->e, c->res, &img, c->opt));
+    *logits = c->res->logits;
+    return MS_OK;
+}
+
+ms_status batch_segment_tiled(uint8_t *mask, ms_engine *e, ms_result *res,
+                              const ms_run_options *opt, const ms_image *img, int tile,
+                              int overlap)
+{
+    tile_ctx c = {e, res, opt};
+    return batch_run_tiled(mask, NULL, img->rgb, img->w, img->h, engine_config(e)->n_classes,
+                           tile, overlap, run_crop, &c);
+}

@@ -10,6 +10,7 @@
 #include <sys/types.h>
 
 #include "../kernels/common.h"
+#include "engine.h"
 
 typedef struct {
     char *path;     /* as opened: given path, dir/rel, or list-folder/line */
@@ -119,6 +120,12 @@ typedef ms_status (*batch_run_fn)(void *ctx, const float **logits, const uint8_t
 ms_status batch_run_tiled(uint8_t *mask /* (h, w) */, float *logits /* (classes, h, w) or NULL */,
                           const uint8_t *rgb /* (h, w, 3) */, int w, int h, int classes,
                           int tile, int overlap, batch_run_fn run, void *ctx);
+
+/* --tile with the engine: each window runs through engine_run with opt
+ * (res is reused as the per-window scratch result). */
+ms_status batch_segment_tiled(uint8_t *mask /* (h, w) */, ms_engine *e, ms_result *res,
+                              const ms_run_options *opt, const ms_image *img, int tile,
+                              int overlap);
 
 /* Class colours: rgb[p] = palette[mask[p]] (black for ids past n_palette). */
 void batch_colorize(uint8_t *rgb /* (n, 3) */, const uint8_t *mask /* (n) */, size_t n,

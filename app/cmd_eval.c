@@ -178,21 +178,6 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-typedef struct {
-    ms_engine *e;
-    ms_result *res;
-    const ms_run_options *opt;
-} tile_ctx;
-
-static ms_status run_crop(void *vctx, const float **logits, const uint8_t *crop, int cw, int ch)
-{
-    tile_ctx *c = vctx;
-    ms_image img = {.w = cw, .h = ch, .rgb = (uint8_t *)crop}; /* engine_run only reads it */
-    MS_TRY(engine_run(c->e, c->res, &img, c->opt));
-    *logits = c->res->logits;
-    return MS_OK;
-}
-
 /* One pair into the matrix. */
 static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8_t **mask,
                            size_t *mask_cap, const pair *p, const ms_run_options *opt, int tile,
@@ -220,9 +205,7 @@ static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8
             if (!*mask) {
                 st = ms_error(MS_ERR_OOM, "out of memory: a %dx%d mask", img.w, img.h);
             } else {
-                tile_ctx c = {e, res, opt};
-                st = batch_run_tiled(*mask, NULL, img.rgb, img.w, img.h,
-                                     engine_config(e)->n_classes, tile, overlap, run_crop, &c);
+                st = batch_segment_tiled(*mask, e, res, opt, &img, tile, overlap);
             }
             pred = *mask;
         } else {

@@ -451,22 +451,6 @@ static void *writer_main(void *arg)
 
 /* ---- engine ---- */
 
-typedef struct {
-    ms_engine *e;
-    ms_result *res;
-    const ms_run_options *opt;
-} tile_ctx;
-
-static ms_status run_crop(void *vctx, const float **logits, const uint8_t *crop, int cw, int ch)
-{
-    tile_ctx *c = vctx;
-    /* engine_run only reads the pixels */
-    ms_image img = {.w = cw, .h = ch, .rgb = (uint8_t *)crop};
-    MS_TRY(engine_run(c->e, c->res, &img, c->opt));
-    *logits = c->res->logits;
-    return MS_OK;
-}
-
 static ms_status segment_one(job *j, ms_engine *e, ms_result *res, const seg_args *a)
 {
     size_t n = (size_t)j->img.w * j->img.h;
@@ -475,10 +459,7 @@ static ms_status segment_one(job *j, ms_engine *e, ms_result *res, const seg_arg
     ms_run_options opt = a->eng.run;
     opt.record = a->dump != NULL || a->heatmaps;
     if (a->tile > 0) {
-        const ms_config *cfg = engine_config(e);
-        tile_ctx c = {e, res, &opt};
-        return batch_run_tiled(j->mask, NULL, j->img.rgb, j->img.w, j->img.h, cfg->n_classes,
-                               a->tile, a->overlap, run_crop, &c);
+        return batch_segment_tiled(j->mask, e, res, &opt, &j->img, a->tile, a->overlap);
     }
     MS_TRY(engine_run(e, res, &j->img, &opt));
     if (res->w != j->img.w || res->h != j->img.h)

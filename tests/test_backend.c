@@ -551,6 +551,16 @@ START_TEST(test_errors)
     ms_mita_params p = {7, 7, 49, true};
     ck_assert_int_ne(op_mita(&gb, NULL, NULL, 4, 4, 10, 3, &p, NULL), MS_OK);
     ck_assert_str_ne(ms_last_error(), "");
+    /* GPU out of memory: a status and a message, not a crash */
+    ms_arena huge;
+    ck_assert_int_eq(arena_init(&huge, (size_t)1 << 50, MS_DEVICE_CUDA), MS_ERR_OOM);
+    ck_assert_msg(strstr(ms_last_error(), "GPU out of memory") != NULL, "%s", ms_last_error());
+    /* and the context still works afterwards */
+    float one = 1.0f, two = 0.0f;
+    float *d = dput(&one, 1);
+    OK(op_add(&gb, d, d, d, 1));
+    dget(&two, d, sizeof two);
+    ck_assert_float_eq(two, 2.0f);
 }
 END_TEST
 

@@ -4,7 +4,6 @@
  * files, label reading, and the atomic PNG writers. */
 #define _GNU_SOURCE
 #include <dirent.h>
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,41 +17,11 @@
 #include "app/image_io.h"
 #include "testutil.h"
 
-static char dir[256];
-
-/* tmpfs when there is one: the sweeps write thousands of small files and
- * opening with O_TRUNC on a busy disk costs about a millisecond each. */
-static void setup(void)
-{
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof dir, "%s/ms_test_image_io_XXXXXX", base);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void teardown(void) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static const char *at(const char *name)
-{
-    static char p[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
-    return p[k];
-}
-
-static void assert_error(const char *path, const char *what)
-{
-    const char *m = ms_last_error();
-    ck_assert_msg(strncmp(m, path, strlen(path)) == 0 && m[strlen(path)] == ':',
-                  "message does not start with the path: %s", m);
-    if (what) ck_assert_msg(strstr(m, what) != NULL, "expected '%s' in: %s", what, m);
-}
+static void setup(void) { test_dir_create("image_io"); }
+static void teardown(void) { test_dir_remove(); }
+#define at test_path
+#define dir test_dir
+#define assert_error assert_error_names
 
 static void write_bytes(const char *path, const void *p, size_t n)
 {

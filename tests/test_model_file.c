@@ -4,7 +4,6 @@
  * fail cleanly or read in bounds (run under ASan in CI). */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,42 +20,11 @@ static const char *MIN_CONFIG =
     "{\"backbone\":{\"patch_size\":16,\"embed_dim\":32,\"depth\":12,\"num_heads\":2,\"pos_grid\":[4,4]},"
     "\"classes\":[\"sky\",\"road\"],\"palette\":[[1,2,3],[250,251,252]]}";
 
-static char dir[256];
-
-/* tmpfs when there is one: the sweeps write thousands of small files and
- * opening with O_TRUNC on a busy disk costs about a millisecond each. */
-static void setup(void)
-{
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof dir, "%s/ms_test_model_file_XXXXXX", base);
-    ck_assert_ptr_nonnull(mkdtemp(dir));
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void teardown(void) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static const char *at(const char *name)
-{
-    static char p[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", dir, name);
-    return p[k];
-}
-
-/* The error message starts with the file's path and contains `what`. */
-static void assert_error(const char *path, const char *what)
-{
-    const char *m = ms_last_error();
-    ck_assert_msg(strncmp(m, path, strlen(path)) == 0 && m[strlen(path)] == ':',
-                  "message does not start with the path: %s", m);
-    ck_assert_msg(strstr(m, what) != NULL, "expected '%s' in: %s", what, m);
-}
+static void setup(void) { test_dir_create("model_file"); }
+static void teardown(void) { test_dir_remove(); }
+#define at test_path
+#define dir test_dir
+#define assert_error assert_error_names
 
 static void write_bytes(const char *path, const void *p, size_t n)
 {

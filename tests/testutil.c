@@ -1,8 +1,14 @@
+#define _XOPEN_SOURCE 700 /* nftw */
 #include "testutil.h"
 
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kernels/common.h"
 
 const char *fixture_path(const char *name)
 {
@@ -46,4 +52,38 @@ int run_suite(Suite *s)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+char test_dir[256];
+
+void test_dir_create(const char *tag)
+{
+    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(test_dir, sizeof test_dir, "%s/ms_test_%s_XXXXXX", base, tag);
+    ck_assert_ptr_nonnull(mkdtemp(test_dir));
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+void test_dir_remove(void) { nftw(test_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+const char *test_path(const char *name)
+{
+    static char p[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", test_dir, name);
+    return p[k];
+}
+
+void assert_error_names(const char *path, const char *what)
+{
+    const char *m = ms_last_error();
+    ck_assert_msg(strncmp(m, path, strlen(path)) == 0 && m[strlen(path)] == ':',
+                  "message does not start with the path: %s", m);
+    if (what) ck_assert_msg(strstr(m, what) != NULL, "expected '%s' in: %s", what, m);
 }

@@ -13,6 +13,16 @@ void rand_fill(float *x, size_t n, uint32_t seed, float lo, float hi);
 /* max |a-b| and max |b|. */
 double max_abs_diff(const float *a, const float *b, size_t n);
 double max_abs(const float *a, size_t n);
+/* A fresh temporary folder per test (tmpfs when there is one: the sweeps
+ * write thousands of small files, and on a busy disk each costs about a ms). */
+extern char test_dir[256];
+void test_dir_create(const char *tag);   /* checked fixture setup */
+void test_dir_remove(void);              /* checked fixture teardown */
+/* test_dir/name; a ring of 8 buffers so a few can be held at once. */
+const char *test_path(const char *name);
+/* The last error message starts with "path:" and (if what) contains what. */
+void assert_error_names(const char *path, const char *what);
+
 /* Runs a suite with Check, returns the process exit code. */
 int run_suite(Suite *s);
 

@@ -18,7 +18,7 @@ REPORT=$OUT/report.txt
 T0=$(date +%s)
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 JOBS=$(nproc 2>/dev/null || echo 2)
-BUILD=$ROOT/build-gpu
+BUILD=$ROOT/${MS_GPU_BUILD:-build-gpu}
 STATUS=0
 
 log() { echo "$*" | tee -a "$REPORT"; }
@@ -62,6 +62,9 @@ else
     done
 fi
 [ -e /usr/include/jpeglib.h ] || ls /usr/include/*/jpeglib.h >/dev/null 2>&1 || missing="$missing libjpeg"
+# MS_FORCE_DEPS=1: use the carried .debs even when the system has the
+# packages (to test this path on a machine that has them).
+[ "${MS_FORCE_DEPS:-0}" = 1 ] && missing="$missing (forced)"
 if [ -n "$missing" ]; then
     if ls "$ROOT"/build-gpu-deps/*.deb >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
         PFX=$ROOT/build-gpu-prefix
@@ -71,7 +74,8 @@ if [ -n "$missing" ]; then
         find "$PFX" -name '*.pc' -exec sed -i "s|=/usr|=$PFX/usr|g; s| /usr/| $PFX/usr/|g; s|-I/usr|-I$PFX/usr|g; s|-L/usr|-L$PFX/usr|g" {} +
         LIBDIR=$PFX/usr/lib/x86_64-linux-gnu
         export PATH="$PFX/usr/bin:$PATH"
-        export PKG_CONFIG_PATH="$LIBDIR/pkgconfig:$LIBDIR/openblas-pthread/pkgconfig:$PFX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+        export PKG_CONFIG_LIBDIR="$LIBDIR/pkgconfig:$LIBDIR/openblas-pthread/pkgconfig:$PFX/usr/share/pkgconfig"
+        unset PKG_CONFIG_PATH
         export LD_LIBRARY_PATH="$LIBDIR:$LIBDIR/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         [ -x "$PFX/usr/bin/pkg-config" ] || ln -sf pkgconf "$PFX/usr/bin/pkg-config"
         CMAKE_EXTRA+=("-DCMAKE_PREFIX_PATH=$PFX/usr" "-DCMAKE_INCLUDE_PATH=$PFX/usr/include")
@@ -166,6 +170,25 @@ rc=$?
 log "bench_gpu_attention (rc $rc):"
 sed 's/^/  /' "$OUT/logs/bench_gpu_attention.log" | tail -25 | tee -a "$REPORT"
 [ $rc = 0 ] || STATUS=1
+
+# End-to-end images/s on the GPU: every model file in assets/ (and any in
+# $MS_BENCH_MODELS), 512x512, MiTA and full attention (engine bench, batch 1).
+models=$(ls "$ROOT"/assets/*.safetensors "$ROOT"/assets/models/*.safetensors 2>/dev/null)
+models="$models ${MS_BENCH_MODELS:-}"
+if [ $GPU = 1 ] && [ -x "$BUILD/bench_engine" ] && [ -n "${models// /}" ]; then
+    log "bench_engine (cuda, 512x512, batch 1):"
+    i=0
+    for mdl in $models; do
+        for att in mita full; do
+            i=$((i + 1))
+            run "bench_engine-$i" 60 "$BUILD/bench_engine" --model "$mdl" --size 512x512 \
+                --repeat 10 --device cuda --attention "$att"
+            log "  $(basename "$mdl") $att: $(tail -1 "$OUT/logs/bench_engine-$i.log")"
+        done
+    done
+else
+    log "bench_engine: skipped (no GPU, no bench_engine, or no model file in assets/)"
+fi
 
 log "elapsed: $(elapsed) s; status: $([ $STATUS = 0 ] && echo ok || echo FAILURES)"
 exit $STATUS
