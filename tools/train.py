@@ -203,6 +203,8 @@ def main():
     ap.add_argument("--val-every", type=int, default=None)
     ap.add_argument("--max-steps", type=int, default=0, help="stop each epoch after N steps (timing tests)")
     ap.add_argument("--no-val", action="store_true")
+    ap.add_argument("--init-backbone", default=None,
+                    help="start the backbone from a `convert.py timm` file (ignored with --resume)")
     args = ap.parse_args()
 
     full_cfg = json.load(open(args.config))
@@ -233,6 +235,11 @@ def main():
             nn.init.trunc_normal_(m.weight, std=0.02)
             nn.init.zeros_(m.bias)
     nn.init.trunc_normal_(model.backbone.pos_embed, std=0.02)
+    if args.init_backbone and not args.resume:
+        import convert
+        loaded, skipped = convert.init_backbone(model, args.init_backbone)
+        log_line(args.out, "# backbone from %s: %d tensors, skipped %s"
+                 % (args.init_backbone, len(loaded), " ".join(skipped) or "none"))
     K = len(mcfg["classes"])
     aux = AuxHead(mcfg["backbone"]["embed_dim"], tcfg.get("aux_channels", 64), K)
     model.to(device)
