@@ -75,7 +75,8 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
     int pick = -1;
     for (int i = 0; i < got && pick < 0; i++)
         if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= cu->workspace_bytes &&
-            (!be->fp32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH))
+            (!be->fp32 || (perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
+                           perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)))
             pick = i;
     if (pick < 0)
         return ms_error(MS_ERR_UNSUPPORTED,

@@ -23,10 +23,15 @@
 #define MITA_SOFTMAX_THREADS 512
 #define MITA_ROUTED_QB 128 /* queries per routed block (one thread each) */
 #define MITA_KT_MAX 64     /* routed keys staged per tile */
+/* The summary GEMM (M x d outputs, reduction over N) is split into chunks of
+ * N: a GEMM with a 256K-long reduction and 49 x 64 outputs per head would
+ * otherwise run on a handful of blocks unless cuBLAS picks split-K. */
+#define MITA_SV_CHUNK 4096
 
 /* Scratch layout (offsets in bytes, each part 256-aligned). */
 struct mita_layout {
     size_t land, probe, route_s, sv, idx, route, counts, cursor, starts, chunks, order, cand;
+    size_t part; /* split-N partial summaries */
     size_t total;
 };
 
@@ -49,6 +54,8 @@ static mita_layout mita_plan(int n, int c, int heads, int m, int k)
     L.chunks = o;  o += al256((hm + 1) * sizeof(int));
     L.order = o;   o += al256(hn * sizeof(int));
     L.cand = o;    o += k > MS_TOPK_SMEM ? al256(hm * k * sizeof(uint64_t)) : 0;
+    size_t nch = ((size_t)n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
+    L.part = o;    o += nch > 1 ? al256(hm * nch * (c / heads) * sizeof(float)) : 0;
     L.total = o;
     return L;
 }
@@ -223,6 +230,22 @@ __global__ void __launch_bounds__(MITA_SOFTMAX_THREADS)
     block_softmax_stats(&m, &l, s_m, s_l);
     float inv = 1.0f / l;
     for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = expf(p[i] * s - m) * inv;
+}
+
+/* Sv[h, m, i] = sum over chunks of the split-N partial summaries. */
+__global__ void sv_reduce_kernel(float *sv /* (heads, m, d) */,
+                                 const float *part /* (heads, chunks, m, d) */, int heads,
+                                 int chunks, int md)
+{
+    long total = (long)heads * md;
+    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < total;
+         t += (long)gridDim.x * blockDim.x) {
+        long h = t / md, r = t - h * md;
+        const float *p = part + (size_t)h * chunks * md + r;
+        float a = 0.0f;
+        for (int ch = 0; ch < chunks; ch++) a += p[(size_t)ch * md];
+        sv[t] = a;
+    }
 }
 
 /* Top-1 routing (ties to the lower expert) and the per-group histogram. */
@@ -434,8 +457,33 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     summary_softmax_kernel<<<heads * m, MITA_SOFTMAX_THREADS, 0, st>>>(probe, n, s);
     CUDA_CHECK_LAUNCH("summary_softmax_kernel");
     MS_TRY(prof_mark(st, 4));
-    MS_TRY(cuda_gemm_batched(cu, true, CUBLAS_OP_N, CUBLAS_OP_N, d, m, n, 1.0f, vp, c3, d, probe,
-                             n, (long long)m * n, 0.0f, sv, d, (long long)m * d, heads));
+    const int nch = (n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
+    if (nch == 1) {
+        MS_TRY(cuda_gemm_batched(cu, true, CUBLAS_OP_N, CUBLAS_OP_N, d, m, n, 1.0f, vp, c3, d,
+                                 probe, n, (long long)m * n, 0.0f, sv, d, (long long)m * d,
+                                 heads));
+    } else {
+        /* per head: the full chunks as one batch, the remainder alone; then
+         * sum the partials */
+        float *part = (float *)(base + L.part);
+        const int full = n / MITA_SV_CHUNK, rem = n - full * MITA_SV_CHUNK;
+        const long long md = (long long)m * d;
+        for (int h = 0; h < heads; h++) {
+            const float *vh = vp + (size_t)h * d, *ph = probe + (size_t)h * m * n;
+            float *parth = part + (size_t)h * nch * md;
+            MS_TRY(cuda_gemm_batched(cu, true, CUBLAS_OP_N, CUBLAS_OP_N, d, m, MITA_SV_CHUNK,
+                                     1.0f, vh, c3, (long long)MITA_SV_CHUNK * c3, ph, n,
+                                     MITA_SV_CHUNK, 0.0f, parth, d, md, full));
+            if (rem > 0)
+                MS_TRY(cuda_gemm_batched(cu, true, CUBLAS_OP_N, CUBLAS_OP_N, d, m, rem, 1.0f,
+                                         vh + (size_t)full * MITA_SV_CHUNK * c3, c3, 0,
+                                         ph + (size_t)full * MITA_SV_CHUNK, n, 0, 0.0f,
+                                         parth + (size_t)full * md, d, 0, 1));
+        }
+        sv_reduce_kernel<<<cuda_blocks((size_t)heads * md, 256), 256, 0, st>>>(sv, part, heads,
+                                                                               nch, (int)md);
+        CUDA_CHECK_LAUNCH("sv_reduce_kernel");
+    }
     MS_TRY(prof_mark(st, 5));
     /* 5. routing scores R_h (N x M row-major) = col-major (M x N) = L_h^T' Q_h. */
     MS_TRY(cuda_gemm_batched(cu, true, CUBLAS_OP_T, CUBLAS_OP_N, m, n, d, 1.0f, land, c, d, qp,
