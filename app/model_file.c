@@ -527,22 +527,50 @@ static ms_status check_tensors(const char *path, const ms_tensor *tensors, int n
     return MS_OK;
 }
 
-ms_status safetensors_write(const char *path, const ms_tensor *tensors, int n, const char *const *metadata)
+/* Larger elements first (stable): with no gaps between tensors, every
+ * tensor then starts aligned to its element size, as the safetensors
+ * reference writer does, so readers can use the mapping in place. */
+static int by_element_size_desc(const void *a, const void *b)
 {
-    MS_TRY(check_tensors(path, tensors, n));
+    const ms_tensor *x = *(const ms_tensor *const *)a, *y = *(const ms_tensor *const *)b;
+    size_t sx = dtype_sizes[x->dtype], sy = dtype_sizes[y->dtype];
+    if (sx != sy) return sx < sy ? 1 : -1;
+    return x < y ? -1 : x > y;
+}
+
+ms_status safetensors_write(const char *path, const ms_tensor *given, int n, const char *const *metadata)
+{
+    MS_TRY(check_tensors(path, given, n));
+    const ms_tensor **order = malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+    ms_tensor *tensors = malloc((size_t)(n > 0 ? n : 1) * sizeof *tensors);
+    if (!order || !tensors) {
+        free(order), free(tensors);
+        return ms_error(MS_ERR_OOM, "%s: out of memory", path);
+    }
+    for (int i = 0; i < n; i++) order[i] = &given[i];
+    qsort(order, (size_t)n, sizeof *order, by_element_size_desc);
+    for (int i = 0; i < n; i++) tensors[i] = *order[i];
+    free(order);
+    ms_status hst = MS_OK;
     char *header = NULL;
     size_t hlen = 0;
-    MS_TRY(build_header(&header, &hlen, path, tensors, n, metadata));
+    hst = build_header(&header, &hlen, path, tensors, n, metadata);
+    if (hst != MS_OK) {
+        free(tensors);
+        return hst;
+    }
 
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp) {
         free(header);
+        free(tensors);
         return ms_error(MS_ERR_ARG, "%s: path too long", path);
     }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         int err = errno;
         free(header);
+        free(tensors);
         return ms_error(MS_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(err));
     }
     uint8_t len8[8];
@@ -555,6 +583,7 @@ ms_status safetensors_write(const char *path, const ms_tensor *tensors, int n, c
     if (close(fd) != 0 && ok) ok = false, err = errno, what = "close";
     if (ok && rename(tmp, path) != 0) ok = false, err = errno, what = "rename";
     free(header);
+    free(tensors);
     if (!ok) {
         unlink(tmp);
         return ms_error(MS_ERR_IO, "%s: %s failed: %s", path, what, strerror(err));

@@ -6,8 +6,8 @@ side in one run; prints the time ratio for MiTA and for full attention.
   /usr/bin/python3 bench/bench_cpu.py [--build build] [--threads 2] [--size 512]
 
 The model is a DeiT-Tiny-sized UperNet (patch 16, 192 wide, 12 blocks, 3
-heads, mln neck 192, head 128 channels, 11 classes) with random weights:
-speed does not depend on the weights.
+heads, mln neck 192, head 128 channels, 11 classes; bench/make_bench_model.py)
+with random weights: speed does not depend on the weights.
 """
 import argparse
 import json
@@ -27,22 +27,7 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tools"))
 import mitaseg_ref  # noqa: E402
-
-
-def deit_tiny_config(size):
-    return {
-        "backbone": {"patch_size": 16, "embed_dim": 192, "depth": 12, "num_heads": 3,
-                     "pos_grid": [size // 16, size // 16], "out_indices": [2, 5, 8, 11],
-                     "attention": {"type": "mita", "landmarks": [7, 7], "topk": 49,
-                                   "shared_scale": "d"}},
-        "neck": {"type": "mln", "out_channels": 192},
-        "decoder": {"type": "uperhead", "channels": 128, "pool_scales": [1, 2, 3, 6]},
-        "classes": ["c%d" % i for i in range(11)],
-        "palette": [[i * 20, i * 10, 255 - i * 20] for i in range(11)],
-        "ignore_index": None,
-        "input": {"short_side": None, "pad_multiple": 16},
-        "provenance": "random weights for benchmarking",
-    }
+from make_bench_model import write_bench_model  # noqa: E402
 
 
 def time_torch(model, img, attention, repeat):
@@ -64,8 +49,6 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = mitaseg_ref.MitaSeg(deit_tiny_config(args.size)).eval()
     rng = np.random.default_rng(12345)
     img = rng.integers(0, 256, (args.size, args.size, 3), dtype=np.uint8)
     exe = os.path.join(args.build, "bench_engine")
@@ -74,7 +57,7 @@ def main():
     print("%-10s %12s %12s %10s" % ("attention", "mitaseg ms", "pytorch ms", "ratio"))
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "deit-tiny.safetensors")
-        mitaseg_ref.save_model(model, path)
+        model = write_bench_model("deit-tiny", args.size, path)
         for attention in ("mita", "full"):
             out = subprocess.run([exe, "--model", path, "--size", "%dx%d" % (args.size, args.size),
                                   "--threads", str(args.threads), "--repeat", str(args.repeat),

@@ -1,6 +1,9 @@
 /* Times engine_run on a synthetic image: warm-up once (plan + arena sizing),
  * then --repeat runs. Prints one JSON line; bench/bench_cpu.py compares it
- * with the PyTorch reference side by side. */
+ * with the PyTorch reference side by side. --stages adds the time per stage,
+ * taken at the engine's trace points (on CUDA each point waits for the
+ * stream and copies the stage out, so the sum exceeds a plain run a little). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,10 +18,40 @@ static double now_ms(void)
     return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
 }
 
+/* Stage groups by trace name prefix; time since the previous trace point is
+ * charged to the stage that point ends. */
+static const char *const stage_names[] = {"preprocess", "stem", "blocks", "neck", "head",
+                                          "postprocess"};
+enum { N_STAGES = 6 };
+typedef struct {
+    double last, ms[N_STAGES];
+} stage_clock;
+
+static int stage_of(const char *name)
+{
+    if (!strcmp(name, "input") || !strcmp(name, "pos_embed")) return 0;
+    if (!strcmp(name, "embed")) return 1;
+    if (!strncmp(name, "blocks.", 7) || !strncmp(name, "taps.", 5)) return 2;
+    if (!strncmp(name, "neck.", 5)) return 3;
+    if (!strncmp(name, "head.", 5)) return 4;
+    return 5;
+}
+
+static void on_stage(void *user, const char *name, const float *data, int ndim,
+                     const int64_t *shape)
+{
+    (void)data, (void)ndim, (void)shape;
+    stage_clock *c = user;
+    double t = now_ms();
+    c->ms[stage_of(name)] += t - c->last;
+    c->last = t;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL;
     int w = 512, h = 512, repeat = 3, threads = 0;
+    bool stages = false;
     ms_engine_options eo = {.device = MS_DEV_CPU};
     ms_run_options ro = {.attention = -1};
     for (int i = 1; i < argc; i++) {
@@ -30,9 +63,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--attention") && v) { ro.attention = strcmp(v, "full") ? MS_ATTN_MITA : MS_ATTN_FULL; i++; }
         else if (!strcmp(a, "--device") && v) { eo.device = strcmp(v, "cuda") ? MS_DEV_CPU : MS_DEV_CUDA; i++; }
         else if (!strcmp(a, "--record")) ro.record = true;
+        else if (!strcmp(a, "--stages")) stages = true;
         else {
             fprintf(stderr, "usage: bench_engine --model FILE [--size WxH] [--repeat N] [--threads N]"
-                            " [--attention mita|full] [--device cpu|cuda] [--record]\n");
+                            " [--attention mita|full] [--device cpu|cuda] [--record] [--stages]\n");
             return 2;
         }
     }
@@ -53,8 +87,11 @@ int main(int argc, char **argv)
         return 1;
     }
     double first = now_ms() - t0, best = 1e30, sum = 0;
+    stage_clock sc = {0};
+    if (stages) engine_set_trace(e, on_stage, &sc);
     for (int r = 0; r < repeat; r++) {
         t0 = now_ms();
+        sc.last = t0;
         if (engine_run(e, &res, &img, &ro) != MS_OK) {
             fprintf(stderr, "bench_engine: %s\n", ms_last_error());
             return 1;
@@ -63,10 +100,17 @@ int main(int argc, char **argv)
         sum += t;
         if (t < best) best = t;
     }
-    printf("{\"first_ms\": %.3f, \"mean_ms\": %.3f, \"min_ms\": %.3f, \"device\": \"%s\", "
-           "\"tokens\": %d, \"attention\": \"%s\"}\n",
-           first, sum / repeat, best, res.device_name, res.n,
+    printf("{\"first_ms\": %.3f, \"mean_ms\": %.3f, \"min_ms\": %.3f, \"images_per_s\": %.3f, "
+           "\"device\": \"%s\", \"tokens\": %d, \"attention\": \"%s\"",
+           first, sum / repeat, best, 1e3 * repeat / sum, res.device_name, res.n,
            res.attention == MS_ATTN_MITA ? "mita" : "full");
+    if (stages) {
+        printf(", \"stages_ms\": {");
+        for (int i = 0; i < N_STAGES; i++)
+            printf("%s\"%s\": %.3f", i ? ", " : "", stage_names[i], sc.ms[i] / repeat);
+        printf("}");
+    }
+    printf("}\n");
     result_free(&res);
     free(img.rgb);
     engine_free(e);

@@ -69,15 +69,18 @@ def save(path, tensors, metadata=None, dtypes=None):
 
     metadata: dict str -> str stored as __metadata__. dtypes: optional dict
     name -> dtype code to convert to on write (e.g. "F16", "BF16").
-    Tensors are laid out in name order; the header is space-padded so the
-    data region starts 8-byte aligned, as the reference implementation does.
+    Tensors are laid out by descending element size, then name, with no
+    gaps, so each starts aligned to its element size; the header is
+    space-padded so the data region starts 8-byte aligned, as the reference
+    implementation does.
     """
     dtypes = dtypes or {}
     header = {}
     blobs = []
     offset = 0
-    for name in sorted(tensors):
-        arr, code = _to_numpy(tensors[name], dtypes.get(name))
+    arrays = {name: _to_numpy(tensors[name], dtypes.get(name)) for name in tensors}
+    for name in sorted(arrays, key=lambda k: (-arrays[k][0].dtype.itemsize, k)):
+        arr, code = arrays[name]
         raw = arr.tobytes()
         header[name] = {"dtype": code, "shape": list(arr.shape),
                         "data_offsets": [offset, offset + len(raw)]}

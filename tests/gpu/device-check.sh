@@ -193,23 +193,37 @@ log "bench_gpu_attention (rc $rc):"
 sed 's/^/  /' "$OUT/logs/bench_gpu_attention.log" | tail -25 | tee -a "$REPORT"
 [ $rc = 0 ] || STATUS=1
 
-# End-to-end images/s on the GPU: every model file in assets/ (and any in
-# $MS_BENCH_MODELS), 512x512, MiTA and full attention (engine bench, batch 1).
-models=$(ls "$ROOT"/assets/*.safetensors "$ROOT"/assets/models/*.safetensors 2>/dev/null)
-models="$models ${MS_BENCH_MODELS:-}"
-if [ $GPU = 1 ] && [ -x "$BUILD/bench_engine" ] && [ -n "${models// /}" ]; then
-    log "bench_engine (cuda, 512x512, batch 1):"
+# End-to-end images/s on the GPU at batch 1, MiTA and full attention, with
+# the time per stage: the shipped model at CamVid's 480x360, a DeiT-Small-sized
+# UperNet at 512x512 (random weights, written with the machine's PyTorch),
+# and any model in $MS_BENCH_MODELS at 512x512.
+py=""
+for p in /usr/bin/python3 python3; do
+    if "$p" -c "import torch" >/dev/null 2>&1; then py=$p; break; fi
+done
+benches=""
+[ -f "$ROOT/assets/models/camvid-mita.safetensors" ] &&
+    benches="$ROOT/assets/models/camvid-mita.safetensors@480x360"
+if [ -n "$py" ] && "$py" "$ROOT/bench/make_bench_model.py" deit-small 512 \
+        "$OUT/logs/deit-small.safetensors" >/dev/null 2>&1; then
+    benches="$benches $OUT/logs/deit-small.safetensors@512x512"
+fi
+for mdl in ${MS_BENCH_MODELS:-}; do benches="$benches $mdl@512x512"; done
+if [ $GPU = 1 ] && [ -x "$BUILD/bench_engine" ] && [ -n "${benches// /}" ]; then
+    log "bench_engine (cuda, batch 1, mean of 10 after warm-up; stages_ms per stage):"
     i=0
-    for mdl in $models; do
+    for b in $benches; do
+        mdl=${b%@*} size=${b##*@}
         for att in mita full; do
             i=$((i + 1))
-            run "bench_engine-$i" 60 "$BUILD/bench_engine" --model "$mdl" --size 512x512 \
-                --repeat 10 --device cuda --attention "$att"
-            log "  $(basename "$mdl") $att: $(tail -1 "$OUT/logs/bench_engine-$i.log")"
+            run "bench_engine-$i" 90 "$BUILD/bench_engine" --model "$mdl" --size "$size" \
+                --repeat 10 --device cuda --attention "$att" --stages
+            log "  $(basename "$mdl") $size $att: $(tail -1 "$OUT/logs/bench_engine-$i.log")"
         done
     done
+    rm -f "$OUT/logs/deit-small.safetensors"
 else
-    log "bench_engine: skipped (no GPU, no bench_engine, or no model file in assets/)"
+    log "bench_engine: skipped (no GPU, no bench_engine, or no model to run)"
 fi
 
 log "elapsed: $(elapsed) s; status: $([ $STATUS = 0 ] && echo ok || echo FAILURES)"
