@@ -305,12 +305,12 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
     }
     if (opt->device == MS_DEV_CUDA) return st;
     snprintf(e->fallback, sizeof e->fallback, "%s", ms_last_error());
+    e->has_fallback = true;
 #else
+    /* A CPU-only build: auto means the CPU, nothing fell back. */
     if (opt->device == MS_DEV_CUDA)
         return ms_error(MS_ERR_UNSUPPORTED, "--device cuda: this build has no CUDA backend");
-    snprintf(e->fallback, sizeof e->fallback, "this build has no CUDA backend");
 #endif
-    e->has_fallback = true;
     return MS_OK;
 }
 

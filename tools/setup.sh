@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mitaseg needs and builds it into build/.
-# Usage: bash tools/setup.sh            (as root, or with sudo available)
+# Usage: bash tools/setup.sh [--dev]    (as root, or with sudo available)
+#   --dev  also what the tests and tools need: Check, Xvfb + xdotool for the
+#          viewer test, PyTorch for the reference model and training.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-pkgs=(build-essential cmake ninja-build pkg-config git
-      libopenblas-dev check libpng-dev libjpeg62-turbo-dev libcjson-dev
-      libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core
-      xvfb xdotool imagemagick
-      python3 python3-torch python3-numpy python3-pil)
+pkgs=(build-essential cmake ninja-build pkg-config
+      libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
+      libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
+if [ "${1:-}" = "--dev" ]; then
+  pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
