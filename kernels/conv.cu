@@ -97,8 +97,12 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
             cu->dnn, &one, D.x, in, D.f, w, D.conv, algo, cu->workspace, cu->workspace_bytes,
             &zero, D.y, out, D.bias, b, D.act, D.y, out);
         if (fs == CUDNN_STATUS_SUCCESS) return MS_OK;
-        if (fs != CUDNN_STATUS_NOT_SUPPORTED)
-            CUDNN_CHECK(fs);
+#ifdef CUDNN_STATUS_CATEGORY /* cuDNN 9: "not supported" comes with a reason, 3001..3014 */
+        const bool unsupported = CUDNN_STATUS_CATEGORY(fs) == CUDNN_STATUS_NOT_SUPPORTED;
+#else
+        const bool unsupported = fs == CUDNN_STATUS_NOT_SUPPORTED;
+#endif
+        if (!unsupported) CUDNN_CHECK(fs);
         /* not supported for this algorithm: unfused below */
     }
     CUDNN_CHECK(cudnnConvolutionForward(cu->dnn, &one, D.x, in, D.f, w, D.conv, algo,

@@ -58,14 +58,26 @@ static inline ms_status ms_cuda_status(cudaError_t e)
                             __FILE__, __LINE__);                                       \
     } while (0)
 
+/* cuDNN 9 reports allocation failures as internal errors with a reason
+ * (CUDNN_STATUS_ALLOC_FAILED is the deprecated alias of the host one). */
+static inline ms_status ms_cudnn_status(cudnnStatus_t s)
+{
+#if CUDNN_MAJOR >= 9
+    return s == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                   s == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
+               ? MS_ERR_OOM
+               : MS_ERR_CUDA;
+#else
+    return s == CUDNN_STATUS_ALLOC_FAILED ? MS_ERR_OOM : MS_ERR_CUDA;
+#endif
+}
+
 #define CUDNN_CHECK(call)                                                              \
     do {                                                                               \
         cudnnStatus_t ms_ds_ = (call);                                                 \
         if (ms_ds_ != CUDNN_STATUS_SUCCESS)                                            \
-            return ms_error(ms_ds_ == CUDNN_STATUS_ALLOC_FAILED ? MS_ERR_OOM             \
-                                                                : MS_ERR_CUDA,         \
-                            "%s failed: %s at %s:%d", #call, cudnnGetErrorString(ms_ds_), \
-                            __FILE__, __LINE__);                                       \
+            return ms_error(ms_cudnn_status(ms_ds_), "%s failed: %s at %s:%d", #call,   \
+                            cudnnGetErrorString(ms_ds_), __FILE__, __LINE__);          \
     } while (0)
 
 /* After a kernel launch: catches bad launch configurations at once (an

@@ -284,7 +284,8 @@ __global__ void scatter_kernel(int *order /* (heads, n) */, int *cursor, const i
 }
 
 /* One block per chunk of up to blockDim queries routed to one (head, expert):
- * stages the M summaries and the expert's keys/values (tiles of kt) in
+ * stages the M summaries (tiles of mt, one tile unless large M x d would not
+ * fit the shared memory) and the expert's keys/values (tiles of kt) in
  * shared memory; each thread runs its query's joint softmax over the M
  * shared and k routed logits. DT > 0: head dim known at compile time
  * (per-thread arrays in registers); DT == 0: any d <= MS_MITA_DMAX. */
@@ -295,12 +296,12 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
                   const float *sv_all /* (heads, m, d) */, const int32_t *idx /* (heads, m, k) */,
                   const int *order, const int *starts, const int *counts,
                   const int *chunk_starts, int heads, int n, int m, int c, int d_rt, int k,
-                  int kt, float s, float sh_scale)
+                  int mt, int kt, float s, float sh_scale)
 {
     const int d = DT > 0 ? DT : d_rt;
     extern __shared__ float smem[];
-    float *sv = smem;                     /* (m, d) */
-    float *ks = sv + (size_t)m * d;       /* (kt, d) */
+    float *sv = smem;                     /* (mt, d) */
+    float *ks = sv + (size_t)mt * d;      /* (kt, d) */
     float *vs = ks + (size_t)kt * d;      /* (kt, d) */
     const int groups = heads * m, b = blockIdx.x, tid = threadIdx.x;
     if (b >= chunk_starts[groups]) return; /* uniform: the grid is an upper bound */
@@ -309,7 +310,6 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
     const int nq = min((int)blockDim.x, counts[g] - q0);
     const size_t c3 = 3 * (size_t)c;
 
-    for (int i = tid; i < m * d; i += blockDim.x) sv[i] = sv_all[(size_t)h * m * d + i];
     const int qi = tid < nq ? order[(size_t)h * n + starts[g] + q0 + tid] : -1;
     float q[DT > 0 ? DT : MS_MITA_DMAX], acc[DT > 0 ? DT : MS_MITA_DMAX];
     float mx, l;
@@ -319,9 +319,17 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
         MS_UNROLL
         for (int i = 0; i < d; i++) q[i] = qr[i];
     }
-    __syncthreads();
-    if (qi >= 0)
-        mita_query_shared(&mx, &l, acc, rs + ((size_t)h * n + qi) * m, m, sh_scale, sv, d);
+    /* the same logits in the same order as one pass over all M */
+    for (int e0 = 0; e0 < m; e0 += mt) {
+        const int ne = min(mt, m - e0);
+        __syncthreads(); /* the previous tile is consumed */
+        for (int i = tid; i < ne * d; i += blockDim.x)
+            sv[i] = sv_all[((size_t)h * m + e0) * d + i];
+        __syncthreads();
+        if (qi >= 0)
+            mita_query_shared(&mx, &l, acc, rs + ((size_t)h * n + qi) * m + e0, ne, sh_scale, sv,
+                              d);
+    }
     const float m_sh = mx, l_sh = l;
     const int32_t *ids = idx + (size_t)g * k;
     for (int t0 = 0; t0 < k; t0 += kt) {
@@ -375,14 +383,14 @@ static ms_status launch_routed(ms_cuda_ctx *cu, unsigned grid, size_t smem, floa
                                float *mass, const float *qkv, const float *rs, const float *sv,
                                const int32_t *idx, const int *order, const int *starts,
                                const int *counts, const int *chunks, int heads, int n, int m,
-                               int c, int d, int k, int kt, float s, float sh)
+                               int c, int d, int k, int mt, int kt, float s, float sh)
 {
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(routed_kernel<DT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     routed_kernel<DT><<<grid, MITA_ROUTED_QB, smem, cu->stream>>>(
-        out, mass, qkv, rs, sv, idx, order, starts, counts, chunks, heads, n, m, c, d, k, kt, s,
-        sh);
+        out, mass, qkv, rs, sv, idx, order, starts, counts, chunks, heads, n, m, c, d, k, mt, kt,
+        s, sh);
     CUDA_CHECK_LAUNCH("routed_kernel");
     return MS_OK;
 }
@@ -403,22 +411,30 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
 
     /* Routed tile: as many keys (up to 64) as fit next to the summaries in
      * the default 48 KB of shared memory; when the summaries alone crowd
-     * that out (large M or d), opt in to the device's larger limit. */
-    const size_t need_sv = (size_t)m * d * sizeof(float), row2 = 2 * (size_t)d * sizeof(float);
+     * that out (large M or d), opt in to the device's larger limit; when
+     * they do not fit even there (e.g. 32x32 landmarks at d = 64), stage
+     * them in tiles of mt next to a key tile of up to 64 (at most half of
+     * the memory). */
+    const size_t rowd = (size_t)d * sizeof(float), row2 = 2 * rowd;
     size_t limit = 48 * 1024;
-    int kt = k < MITA_KT_MAX ? k : MITA_KT_MAX;
-    while (kt > 16 && need_sv + kt * row2 > limit) kt /= 2;
-    if (need_sv + kt * row2 > limit) {
+    int mt = m, kt = k < MITA_KT_MAX ? k : MITA_KT_MAX;
+    while (kt > 16 && mt * rowd + kt * row2 > limit) kt /= 2;
+    if (mt * rowd + kt * row2 > limit) {
         limit = cu->smem_optin;
         kt = k < MITA_KT_MAX ? k : MITA_KT_MAX;
-        while (kt > 1 && need_sv + kt * row2 > limit) kt /= 2;
-        if (need_sv + kt * row2 > limit)
-            return ms_error(MS_ERR_UNSUPPORTED,
-                            "mita_cuda: %d landmarks x head dim %d need %zu bytes of shared "
-                            "memory, the device has %zu",
-                            m, d, need_sv + row2, cu->smem_optin);
+        while (kt > 1 && mt * rowd + kt * row2 > limit) kt /= 2;
+        if (mt * rowd + kt * row2 > limit) {
+            kt = k < MITA_KT_MAX ? k : MITA_KT_MAX;
+            while (kt > 1 && kt * row2 > limit / 2) kt /= 2;
+            mt = limit > kt * row2 ? (int)((limit - kt * row2) / rowd) : 0;
+            if (mt < 1)
+                return ms_error(MS_ERR_UNSUPPORTED,
+                                "mita_cuda: head dim %d needs %zu bytes of shared memory, the "
+                                "device has %zu",
+                                d, rowd + row2, cu->smem_optin);
+        }
     }
-    const size_t smem = need_sv + kt * row2;
+    const size_t smem = mt * rowd + kt * row2;
 
     mita_layout L = mita_plan(n, c, heads, m, k);
     uint8_t *base = (uint8_t *)ws;
@@ -507,16 +523,16 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     ms_status rst;
     if (d == 32)
         rst = launch_routed<32>(cu, (unsigned)grid, smem, out, mass, qkv, rs, sv, idx, order,
-                                 starts, counts, chunks, heads, n, m, c, d, k, kt, s, sh);
+                                 starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     else if (d == 64)
         rst = launch_routed<64>(cu, (unsigned)grid, smem, out, mass, qkv, rs, sv, idx, order,
-                                 starts, counts, chunks, heads, n, m, c, d, k, kt, s, sh);
+                                 starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     else if (d == 128)
         rst = launch_routed<128>(cu, (unsigned)grid, smem, out, mass, qkv, rs, sv, idx, order,
-                                  starts, counts, chunks, heads, n, m, c, d, k, kt, s, sh);
+                                  starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     else
         rst = launch_routed<0>(cu, (unsigned)grid, smem, out, mass, qkv, rs, sv, idx, order,
-                               starts, counts, chunks, heads, n, m, c, d, k, kt, s, sh);
+                               starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     MS_TRY(rst);
     MS_TRY(prof_mark(st, 8));
     return prof_finish();

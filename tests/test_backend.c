@@ -271,12 +271,18 @@ START_TEST(test_mita)
         {1, 1, 4, 1, 1, 1, 1, true},       /* one token */
         {50, 100, 16, 1, 2, 2, 4500, false}, /* k > MS_TOPK_SMEM: rank-sort path */
         {64, 64, 384, 6, 7, 7, 49, true},  /* n = 4096, DeiT-S width */
+        {16, 16, 256, 1, 16, 15, 30, true}, /* d = 256, M x d > any device's shared
+                                              memory: summaries staged in tiles */
+        {65, 70, 32, 2, 7, 7, 49, false},  /* n = 4550 > 4096: split-N summary GEMMs */
+        {32, 32, 128, 2, 32, 32, 49, true}, /* 32x32 landmarks at d = 64: tiled summaries */
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     int empty = 0;
     for (int ci = 0; ci < ncases; ci++) {
         const mita_case *t = &cases[ci];
-        if (g_small && (ci == 6 || ci == 7)) continue;
+        /* racecheck (small shapes) would crawl through the staged summaries of
+         * the tiled cases' ~200 blocks */
+        if (g_small && ci >= 6) continue;
         int n = t->hp * t->wp, m = t->gh * t->gw, H = t->heads, k = t->k, d = t->c / H;
         size_t mark = arena_mark(&g_dev), nq = (size_t)n * 3 * t->c, no = (size_t)n * t->c;
         size_t ntk = (size_t)H * m * k, nr = (size_t)H * n;
@@ -551,10 +557,16 @@ START_TEST(test_errors)
     ms_mita_params p = {7, 7, 49, true};
     ck_assert_int_ne(op_mita(&gb, NULL, NULL, 4, 4, 10, 3, &p, NULL), MS_OK);
     ck_assert_str_ne(ms_last_error(), "");
-    /* GPU out of memory: a status and a message, not a crash */
-    ms_arena huge;
-    ck_assert_int_eq(arena_init(&huge, (size_t)1 << 50, MS_DEVICE_CUDA), MS_ERR_OOM);
-    ck_assert_msg(strstr(ms_last_error(), "GPU out of memory") != NULL, "%s", ms_last_error());
+    /* GPU out of memory: a status and a message, not a crash. Not under
+     * MS_BACKEND_SMALL, the compute-sanitizer run (tests/gpu/device-check.sh):
+     * the sanitizer counts the deliberately failing cudaMalloc (and the
+     * cudaGetLastError that clears it) as errors, failing that run. */
+    if (!g_small) {
+        ms_arena huge;
+        ck_assert_int_eq(arena_init(&huge, (size_t)1 << 50, MS_DEVICE_CUDA), MS_ERR_OOM);
+        ck_assert_msg(strstr(ms_last_error(), "GPU out of memory") != NULL, "%s",
+                      ms_last_error());
+    }
     /* and the context still works afterwards */
     float one = 1.0f, two = 0.0f;
     float *d = dput(&one, 1);

@@ -167,14 +167,14 @@ esac
 
 if [ $GPU = 1 ] && [ $rc != 77 ]; then
     if command -v compute-sanitizer >/dev/null 2>&1; then
-        MS_BACKEND_SMALL=1 run memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        MS_BACKEND_SMALL=1 run memcheck 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
             "$BUILD/test_backend"
         rc=$?
         log "memcheck (small shapes): rc $rc, $(grep -E 'ERROR SUMMARY' "$OUT/logs/memcheck.log" | tail -1)"
         [ $rc = 0 ] || STATUS=1
         for case_ in mita attention; do
-            MS_BACKEND_SMALL=1 CK_RUN_CASE=$case_ run "racecheck-$case_" 60 compute-sanitizer \
-                --tool racecheck --error-exitcode 9 "$BUILD/test_backend"
+            MS_BACKEND_SMALL=1 CK_RUN_CASE=$case_ run "racecheck-$case_" 90 compute-sanitizer \
+                --tool racecheck --report-api-errors no --error-exitcode 9 "$BUILD/test_backend"
             rc=$?
             log "racecheck ($case_): rc $rc, $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/logs/racecheck-$case_.log" | tail -1)"
             [ $rc = 0 ] || STATUS=1
