@@ -34,7 +34,8 @@ static const char view_usage[] =
     "options:\n"
     "  --size WxH        initial window size (default 1280x800)\n"
     "\n"
-    "environment: MITASEG_VIEW_LOG=1 prints what the window does (for tests).\n";
+    "environment: MITASEG_VIEW_LOG=1 prints what the window does, and\n"
+    "MITASEG_VIEW_TEST_DROP=FILE drops FILE on the window at start (for tests).\n";
 
 typedef enum { JOB_NONE = 0, JOB_MAIN, JOB_FULL } job_kind;
 
@@ -652,6 +653,15 @@ int cmd_view(int argc, char **argv)
     set_status(v, "drop an image on the window (H: help)");
     if (image) load_image(v, image);
     vlog(v, "window %u", (unsigned)SDL_GetWindowID(v->win));
+    /* Tests: a file drop delivered through SDL's event queue as the window
+     * system would (xdotool cannot synthesise X drag-and-drop). */
+    const char *drop = getenv("MITASEG_VIEW_TEST_DROP");
+    if (drop && *drop) {
+        SDL_Event d = {.type = SDL_DROPFILE};
+        d.drop.file = SDL_strdup(drop);
+        d.drop.windowID = SDL_GetWindowID(v->win);
+        if (d.drop.file && SDL_PushEvent(&d) != 1) SDL_free(d.drop.file);
+    }
 
     bool quit = false, dirty = true;
     while (!quit) {

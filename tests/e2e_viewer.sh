@@ -245,4 +245,30 @@ wait "$VIEW_PID"
 RC=$?
 VIEW_PID=""
 [ "$RC" -eq 0 ] || fail "viewer exit status $RC"
+# 5. no image on the command line: the start screen, then a file dropped on
+#    the window (through SDL's drop event) is opened and can be saved.
+cp "$IMG" "$TMP/imgs/dropped.png"
+: >"$TMP/log"
+SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" \
+    "$BIN" view --model "$MODEL" --size ${WW}x${WH} --device cpu --threads 1 \
+    >"$TMP/log" 2>"$TMP/err" &
+VIEW_PID=$!
+wait_log '^ready' 120 >/dev/null
+WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
+[ -n "$WIN" ] || fail "no mitaseg window appeared for the drop test"
+xdotool mousemove --window "$WIN" 20 20
+xdotool windowfocus --sync "$WIN" 2>/dev/null || true
+sleep 0.2
+read -r V5 M5 < <(save_now)
+[[ "$V5" == *dropped.view-* ]] || fail "after the drop: unexpected view file name $V5"
+[ "$(png size "$M5")" = "160 120" ] || fail "$M5 does not decode to the dropped image's size"
+xdotool key Escape
+for _ in $(seq 1 100); do
+    kill -0 "$VIEW_PID" 2>/dev/null || break
+    sleep 0.1
+done
+wait "$VIEW_PID"
+RC=$?
+VIEW_PID=""
+[ "$RC" -eq 0 ] || fail "viewer (drop test) exit status $RC"
 echo "ok: e2e_viewer"
