@@ -1,6 +1,7 @@
 /* The engine: a loaded model plus the backend it runs on. engine_run takes an
  * RGB image and returns logits, the mask and (when asked) every MiTA layer's
- * selections. Library code: no printing, errors via ms_last_error(). */
+ * selections; engine_run_batch does the same for several same-size images in
+ * one forward pass. Library code: no printing, errors via ms_last_error(). */
 #ifndef MS_ENGINE_H
 #define MS_ENGINE_H
 
@@ -13,6 +14,8 @@ typedef struct {
     ms_device_choice device;
     int threads;        /* 0: all cores */
     bool fp32;          /* CUDA: FP32 GEMMs */
+    int device_index;   /* CUDA: which GPU (0-based, counted within
+                         * CUDA_VISIBLE_DEVICES); 0 when unset */
 } ms_engine_options;
 
 /* Per-run attention override; zero/negative fields keep the model's. */
@@ -42,7 +45,8 @@ typedef struct {
     float *shared_mass;     /* (depth, heads, n) */
     /* run facts */
     int attention;          /* MS_ATTN_* actually used */
-    double ms_total;        /* wall time of the forward pass */
+    double ms_total;        /* wall time of the forward pass; in a batch of
+                             * count images, the batch's time / count */
     char device_name[64];
 } ms_result;
 
@@ -58,15 +62,27 @@ const char *engine_fallback_reason(const ms_engine *e); /* NULL when none */
 ms_device_choice engine_device(const ms_engine *e);
 
 /* Runs one image. res is filled with buffers owned by res (result_free);
- * passing the same res again reuses its buffers when sizes match. */
+ * passing the same res again reuses its buffers when sizes match.
+ * engine_run_batch with count 1. */
 ms_status engine_run(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *opt);
+/* Runs count images of one size (else MS_ERR_ARG) in one forward pass: the
+ * backbone's LayerNorms, linears and MLPs run once over all images' tokens;
+ * the stem, attention, neck, head and postprocessing image by image. res[b]
+ * gets image b's result as engine_run would give it (logits equal up to GEMM
+ * rounding, which may depend on the row count). The activation plan is keyed
+ * on size, options and count: a repeated count allocates nothing new.
+ * On CUDA an engine may be run from any thread, one thread at a time. */
+ms_status engine_run_batch(ms_engine *e, ms_result *res /* (count) */,
+                           const ms_image *const *imgs /* (count) */, int count,
+                           const ms_run_options *opt);
 void result_free(ms_result *res);
 
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
 ms_status result_write_dump(const ms_result *res, const char *path);
 
 /* Test hook: called with every stage's output (host copy), named as in the
- * golden fixtures (tests/fixtures, tools/gen_fixtures.py). NULL turns it off. */
+ * golden fixtures (tests/fixtures, tools/gen_fixtures.py). NULL turns it off.
+ * In a batch, each per-image stage is called once per image, in image order. */
 typedef void (*engine_trace_fn)(void *user, const char *name, const float *data, int ndim,
                                 const int64_t *shape);
 void engine_set_trace(ms_engine *e, engine_trace_fn fn, void *user);

@@ -29,6 +29,16 @@ ms_status trace_emit(ms_backend *be, const ms_trace *tr, const char *name,
     return MS_OK;
 }
 
+ms_status trace_emit_each(ms_backend *be, const ms_trace *tr, const char *name,
+                          const float *data, int batch, int ndim, const int64_t *shape)
+{
+    if (!tr || !tr->fn || be->dry_run) return MS_OK;
+    size_t per = 1;
+    for (int i = 0; i < ndim; i++) per *= (size_t)shape[i];
+    for (int b = 0; b < batch; b++) MS_TRY(trace_emit(be, tr, name, data + b * per, ndim, shape));
+    return MS_OK;
+}
+
 #define ALLOC_F32(ptr, count)                                        \
     do {                                                             \
         (ptr) = arena_alloc(act, (size_t)(count) * sizeof(float));   \
@@ -89,57 +99,68 @@ static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C)
 
 ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float *input,
                       const float *pos, const vit_weights *w, const ms_config *cfg,
-                      const vit_run *run, int ph, int pw, const ms_trace *tr)
+                      const vit_run *run, int batch, int ph, int pw, const ms_trace *tr)
 {
     const int C = cfg->embed_dim, H = cfg->num_heads, p = cfg->patch_size;
     const int hp = ph / p, wp = pw / p, N = hp * wp, R = cfg->mlp_ratio * C;
-    const int M = run->mita.gh * run->mita.gw, K = run->mita.topk;
+    const int M = run->mita.gh * run->mita.gw, K = run->mita.topk, BN = batch * N;
+    const size_t img_tokens = (size_t)N * C, img_qkv = (size_t)N * 3 * C;
     size_t mark = arena_mark(act);
     float *x, *xn, *qkv, *a, *hid;
-    ALLOC_F32(x, (size_t)N * C);
-    ALLOC_F32(xn, (size_t)N * C);
-    ALLOC_F32(qkv, (size_t)N * 3 * C);
-    ALLOC_F32(a, (size_t)N * C);
-    ALLOC_F32(hid, (size_t)N * R);
+    ALLOC_F32(x, (size_t)BN * C);       /* (B*N, C): image b's tokens at rows b*N.. */
+    ALLOC_F32(xn, (size_t)BN * C);      /* (B*N, C) */
+    ALLOC_F32(qkv, (size_t)BN * 3 * C); /* (B*N, 3C) */
+    ALLOC_F32(a, (size_t)BN * C);       /* (B*N, C) */
+    ALLOC_F32(hid, (size_t)BN * R);     /* (B*N, rC) */
 
-    MS_TRY(vit_stem(be, act, x, input, w, cfg, ph, pw));
-    MS_TRY(op_add(be, x, x, pos, (size_t)N * C));
+    for (int b = 0; b < batch; b++) {
+        float *xb = x + b * img_tokens; /* (N, C) */
+        MS_TRY(vit_stem(be, act, xb, input + (size_t)b * 3 * ph * pw, w, cfg, ph, pw));
+        MS_TRY(op_add(be, xb, xb, pos, img_tokens));
+    }
     const int64_t tok_shape[2] = {N, C}, map_shape[3] = {C, hp, wp};
-    MS_TRY(trace_emit(be, tr, "embed", x, 2, tok_shape));
+    MS_TRY(trace_emit_each(be, tr, "embed", x, batch, 2, tok_shape));
 
     int last_tap = cfg->out_indices[3];
     for (int i = 0; i < cfg->depth; i++) {
-        const vit_block *b = &w->blocks[i];
-        MS_TRY(op_layernorm(be, xn, x, b->norm1_w, b->norm1_b, N, C, cfg->ln_eps));
-        MS_TRY(op_linear(be, qkv, xn, b->qkv_w, b->qkv_b, N, C, 3 * C, MS_ACT_NONE, false));
-        if (run->attention == MS_ATTN_MITA) {
-            ms_mita_record rec = {0};
-            if (run->topk_idx) rec.topk_idx = run->topk_idx + (size_t)i * H * M * K;
-            if (run->route) rec.route = run->route + (size_t)i * H * N;
-            if (run->shared_mass) rec.shared_mass = run->shared_mass + (size_t)i * H * N;
-            bool any = rec.topk_idx || rec.route || rec.shared_mass;
-            MS_TRY(op_mita(be, a, qkv, hp, wp, C, H, &run->mita, any ? &rec : NULL));
-        } else {
-            MS_TRY(op_attention_full(be, a, qkv, N, C, H));
+        const vit_block *bl = &w->blocks[i];
+        MS_TRY(op_layernorm(be, xn, x, bl->norm1_w, bl->norm1_b, BN, C, cfg->ln_eps));
+        MS_TRY(op_linear(be, qkv, xn, bl->qkv_w, bl->qkv_b, BN, C, 3 * C, MS_ACT_NONE, false));
+        for (int b = 0; b < batch; b++) {
+            const float *qkv_b = qkv + b * img_qkv; /* (N, 3C) */
+            float *a_b = a + b * img_tokens;        /* (N, C) */
+            if (run->attention == MS_ATTN_MITA) {
+                /* records: (B, depth, heads, ...), this image's layer i */
+                size_t layer = (size_t)b * cfg->depth + i;
+                ms_mita_record rec = {0};
+                if (run->topk_idx) rec.topk_idx = run->topk_idx + layer * H * M * K;
+                if (run->route) rec.route = run->route + layer * H * N;
+                if (run->shared_mass) rec.shared_mass = run->shared_mass + layer * H * N;
+                bool any = rec.topk_idx || rec.route || rec.shared_mass;
+                MS_TRY(op_mita(be, a_b, qkv_b, hp, wp, C, H, &run->mita, any ? &rec : NULL));
+            } else {
+                MS_TRY(op_attention_full(be, a_b, qkv_b, N, C, H));
+            }
         }
-        MS_TRY(op_linear(be, x, a, b->proj_w, b->proj_b, N, C, C, MS_ACT_NONE, true));
-        MS_TRY(op_layernorm(be, xn, x, b->norm2_w, b->norm2_b, N, C, cfg->ln_eps));
-        MS_TRY(op_linear(be, hid, xn, b->fc1_w, b->fc1_b, N, C, R, MS_ACT_GELU, false));
-        MS_TRY(op_linear(be, x, hid, b->fc2_w, b->fc2_b, N, R, C, MS_ACT_NONE, true));
+        MS_TRY(op_linear(be, x, a, bl->proj_w, bl->proj_b, BN, C, C, MS_ACT_NONE, true));
+        MS_TRY(op_layernorm(be, xn, x, bl->norm2_w, bl->norm2_b, BN, C, cfg->ln_eps));
+        MS_TRY(op_linear(be, hid, xn, bl->fc1_w, bl->fc1_b, BN, C, R, MS_ACT_GELU, false));
+        MS_TRY(op_linear(be, x, hid, bl->fc2_w, bl->fc2_b, BN, R, C, MS_ACT_NONE, true));
 
         char name[32];
         snprintf(name, sizeof name, "blocks.%d", i);
-        MS_TRY(trace_emit(be, tr, name, x, 2, tok_shape));
+        MS_TRY(trace_emit_each(be, tr, name, x, batch, 2, tok_shape));
         for (int j = 0; j < 4; j++) {
             if (cfg->out_indices[j] != i) continue;
             const float *src = x;
             if (cfg->final_norm && i == last_tap && j == 3) {
-                MS_TRY(op_layernorm(be, xn, x, w->norm_w, w->norm_b, N, C, cfg->ln_eps));
+                MS_TRY(op_layernorm(be, xn, x, w->norm_w, w->norm_b, BN, C, cfg->ln_eps));
                 src = xn;
             }
-            MS_TRY(op_transpose(be, taps[j], src, N, C));
+            for (int b = 0; b < batch; b++) /* (N, C) -> (C, hp, wp) per image */
+                MS_TRY(op_transpose(be, taps[j] + b * img_tokens, src + b * img_tokens, N, C));
             snprintf(name, sizeof name, "taps.%d", j);
-            MS_TRY(trace_emit(be, tr, name, taps[j], 3, map_shape));
+            MS_TRY(trace_emit_each(be, tr, name, taps[j], batch, 3, map_shape));
         }
     }
     arena_reset(act, mark);

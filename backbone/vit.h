@@ -42,14 +42,19 @@ typedef struct {
 /* Emits a trace of a device tensor (copies to the host when on CUDA). */
 ms_status trace_emit(ms_backend *be, const ms_trace *tr, const char *name,
                      const float *data, int ndim, const int64_t *shape);
+/* A batched tensor (batch, shape...) traced image by image under one name, so
+ * a batch of one traces exactly as trace_emit. */
+ms_status trace_emit_each(ms_backend *be, const ms_trace *tr, const char *name,
+                          const float *data /* (batch, shape...) */, int batch, int ndim,
+                          const int64_t *shape);
 
 typedef struct {
     ms_attn_type attention;
     ms_mita_params mita;            /* clamped to the grid */
-    /* MiTA records for all layers, or NULL (no recording). */
-    int32_t *topk_idx;              /* (depth, heads, m, k) */
-    int32_t *route;                 /* (depth, heads, n) */
-    float *shared_mass;             /* (depth, heads, n) */
+    /* MiTA records of every image and layer, or NULL (no recording). */
+    int32_t *topk_idx;              /* (batch, depth, heads, m, k) */
+    int32_t *route;                 /* (batch, depth, heads, n) */
+    float *shared_mass;             /* (batch, depth, heads, n) */
 } vit_run;
 
 /* Resizes the stored position embedding to a (hp, wp) grid (bicubic), or
@@ -57,10 +62,15 @@ typedef struct {
 ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out /* (hp*wp, C) */,
                                const vit_weights *w, const ms_config *cfg, int hp, int wp);
 
-/* The backbone: input (3, ph, pw) -> four taps (C, hp, wp). */
-ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4] /* each (C, hp, wp) */,
-                      const float *input /* (3, ph, pw) */, const float *pos /* (hp*wp, C) */,
+/* The backbone over a batch of same-size images: inputs (B, 3, ph, pw) ->
+ * four taps (B, C, hp, wp). The images' tokens are stacked (B*N, C), so the
+ * LayerNorms, linears (GELU and residual adds fused) run once over B*N rows:
+ * bigger GEMMs. The stem, the attention (it mixes tokens within one image)
+ * and the taps' transposes run image by image on row slices. */
+ms_status vit_forward(ms_backend *be, ms_arena *act,
+                      float *taps[4] /* each (B, C, hp, wp) */,
+                      const float *input /* (B, 3, ph, pw) */, const float *pos /* (hp*wp, C) */,
                       const vit_weights *w, const ms_config *cfg, const vit_run *run,
-                      int ph, int pw, const ms_trace *tr);
+                      int batch, int ph, int pw, const ms_trace *tr);
 
 #endif

@@ -94,6 +94,12 @@ extern "C" void cuda_ctx_free(ms_cuda_ctx *cu)
     ms_free(cu);
 }
 
+extern "C" ms_status cuda_ctx_use(ms_cuda_ctx *cu)
+{
+    CUDA_CHECK(cudaSetDevice(cu->device));
+    return MS_OK;
+}
+
 extern "C" const char *cuda_ctx_name(const ms_cuda_ctx *cu) { return cu ? cu->name : "none"; }
 
 extern "C" ms_status cuda_copy_h2d(ms_cuda_ctx *cu, void *dst, const void *src, size_t bytes)

@@ -18,6 +18,10 @@ typedef struct ms_cuda_ctx ms_cuda_ctx;
  * an unsupported GPU returns MS_ERR_UNSUPPORTED with a one-line reason. */
 ms_status cuda_ctx_init(ms_cuda_ctx **out, int device_index);
 void cuda_ctx_free(ms_cuda_ctx *cu);
+/* Makes the context's GPU current for the calling thread (the runtime's
+ * current device is per thread, 0 in a new thread), so a context on GPU 1
+ * can be used from a thread that did not create it. */
+ms_status cuda_ctx_use(ms_cuda_ctx *cu);
 /* "NVIDIA H200 (sm_90, 139 GiB)". */
 const char *cuda_ctx_name(const ms_cuda_ctx *cu);
 
