@@ -1,6 +1,7 @@
 /* The engine: loads a model file into one weight arena (BatchNorm folded),
- * sizes one activation arena per input size with a dry run, and runs
- * preprocess -> ViT -> neck -> UperHead -> logits -> mask (mita-spec 1-4). */
+ * sizes one activation arena per input size and batch count with a dry run,
+ * and runs preprocess -> ViT -> neck -> UperHead -> logits -> mask
+ * (mita-spec 1-4) on a batch of same-size images. */
 #include "engine.h"
 
 #include <math.h>
@@ -20,16 +21,16 @@
 
 #define MS_MAX_PLANS 4
 
-/* Everything that depends on the input size and run options. */
+/* Everything that depends on the input size, batch count and run options. */
 typedef struct {
     bool used;
     uint64_t last_use;
-    int h, w, attention, gh, gw, topk;
+    int h, w, batch, attention, gh, gw, topk;
     bool record;
     ms_arena act;
     float *pos;             /* (n, C) resized position embedding, in act */
     size_t act_base;        /* act mark after pos: reset point for each run */
-    float *host_in;         /* (3, h, w) planar input staging, host */
+    float *host_in;         /* (B, 3, h, w) planar input staging, host */
 } engine_plan;
 
 struct ms_engine {
@@ -294,7 +295,7 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
     snprintf(e->device_name, sizeof e->device_name, "CPU (%d threads)", e->be.threads);
     if (opt->device == MS_DEV_CPU) return MS_OK;
 #ifdef MS_HAVE_CUDA
-    ms_status st = cuda_ctx_init(&e->cu, 0);
+    ms_status st = cuda_ctx_init(&e->cu, opt->device_index);
     if (st == MS_OK) {
         e->device = MS_DEV_CUDA;
         e->be.device = MS_DEVICE_CUDA;
@@ -370,6 +371,9 @@ ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_o
 void engine_free(ms_engine *e)
 {
     if (!e) return;
+#ifdef MS_HAVE_CUDA
+    if (e->cu) (void)cuda_ctx_use(e->cu); /* freeing from another thread */
+#endif
     for (int i = 0; i < MS_MAX_PLANS; i++) {
         arena_free(&e->plans[i].act);
         ms_free(e->plans[i].host_in);
@@ -408,16 +412,18 @@ void mita_landmark_window(int *r0, int *r1, int *c0, int *c1, int m, int hp, int
 }
 
 typedef struct {
+    int batch;              /* images in the pass, all h x w */
     int h, w, rh, rw, ph, pw, hp, wp, n;
     ms_attn_type attention;
     ms_mita_params mita;
     bool record;
 } run_geometry;
 
-static ms_status plan_geometry(run_geometry *g, const ms_config *c, int h, int w,
+static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, int h, int w,
                                const ms_run_options *opt)
 {
     memset(g, 0, sizeof *g);
+    g->batch = batch;
     g->h = h, g->w = w, g->rh = h, g->rw = w;
     if (c->short_side > 0) {
         double scale = (double)c->short_side / (h < w ? h : w);
@@ -446,90 +452,108 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int h, int w
 }
 
 typedef struct {
-    float *input;     /* (3, ph, pw) */
-    float *logits;    /* (classes, h, w) */
-    uint8_t *mask;    /* (h, w) */
-    int32_t *topk_idx;
-    int32_t *route;
-    float *shared_mass;
+    float *input;         /* (B, 3, ph, pw) */
+    float *logits;        /* (B, classes, h, w) */
+    uint8_t *mask;        /* (B, h, w) */
+    int32_t *topk_idx;    /* (B, depth, heads, m, k) or NULL */
+    int32_t *route;       /* (B, depth, heads, n) or NULL */
+    float *shared_mass;   /* (B, depth, heads, n) or NULL */
 } run_buffers;
 
-/* The whole forward pass on the plan's arena; in a dry run only sizes. */
+/* The whole forward pass of a batch on the plan's arena; in a dry run only
+ * sizes. The backbone runs once over the batch; the rest image by image. */
 static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometry *g,
                                 run_buffers *rb, const ms_trace *tr)
 {
     const ms_config *c = e->cfg;
     ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
-    const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes;
+    const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes, B = g->batch;
     const int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
+    const size_t px = (size_t)g->h * g->w, in_px = (size_t)g->ph * g->pw;
 #define ALLOC(ptr, bytes)                                          \
     do {                                                           \
         (ptr) = arena_alloc(act, (bytes));                         \
         if (!(ptr)) return MS_ERR_OOM;                             \
     } while (0)
     /* Buffers that outlive the pass. */
-    ALLOC(rb->logits, (size_t)K * g->h * g->w * sizeof(float));
-    ALLOC(rb->mask, (size_t)g->h * g->w);
+    ALLOC(rb->logits, (size_t)B * K * px * sizeof(float));
+    ALLOC(rb->mask, (size_t)B * px);
     rb->topk_idx = NULL, rb->route = NULL, rb->shared_mass = NULL;
     if (g->record) {
-        ALLOC(rb->topk_idx, (size_t)c->depth * heads * M * k * sizeof(int32_t));
-        ALLOC(rb->route, (size_t)c->depth * heads * g->n * sizeof(int32_t));
-        ALLOC(rb->shared_mass, (size_t)c->depth * heads * g->n * sizeof(float));
+        size_t layers = (size_t)B * c->depth * heads;
+        ALLOC(rb->topk_idx, layers * M * k * sizeof(int32_t));
+        ALLOC(rb->route, layers * g->n * sizeof(int32_t));
+        ALLOC(rb->shared_mass, layers * g->n * sizeof(float));
     }
-    /* Input: planar (3, h, w) staged on the host, resized, normalised, padded. */
-    float *raw, *resized;
-    ALLOC(raw, (size_t)3 * g->h * g->w * sizeof(float));
-    ALLOC(rb->input, (size_t)3 * g->ph * g->pw * sizeof(float));
+    /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
+     * normalised, padded into (B, 3, ph, pw). */
+    float *raw, *resized = NULL;
+    ALLOC(raw, (size_t)B * 3 * px * sizeof(float));
+    ALLOC(rb->input, (size_t)B * 3 * in_px * sizeof(float));
     if (!be->dry_run) {
 #ifdef MS_HAVE_CUDA
         if (be->device == MS_DEVICE_CUDA)
-            MS_TRY(cuda_copy_h2d(e->cu, raw, pl->host_in, (size_t)3 * g->h * g->w * sizeof(float)));
+            MS_TRY(cuda_copy_h2d(e->cu, raw, pl->host_in, (size_t)B * 3 * px * sizeof(float)));
         else
 #endif
-            memcpy(raw, pl->host_in, (size_t)3 * g->h * g->w * sizeof(float));
+            memcpy(raw, pl->host_in, (size_t)B * 3 * px * sizeof(float));
     }
-    resized = raw;
-    if (g->rh != g->h || g->rw != g->w) {
-        ALLOC(resized, (size_t)3 * g->rh * g->rw * sizeof(float));
-        MS_TRY(op_resize_bilinear(be, resized, raw, 3, g->h, g->w, g->rh, g->rw, 0, 0));
-    }
-    MS_TRY(op_normalize_pad(be, rb->input, resized, g->rh, g->rw, g->ph, g->pw, c->mean, c->stdv));
+    bool resized_in = g->rh != g->h || g->rw != g->w;
+    if (resized_in) ALLOC(resized, (size_t)3 * g->rh * g->rw * sizeof(float)); /* one image */
     const int64_t in_shape[3] = {3, g->ph, g->pw};
-    MS_TRY(trace_emit(be, tr, "input", rb->input, 3, in_shape));
+    for (int b = 0; b < B; b++) {
+        const float *raw_b = raw + b * 3 * px; /* (3, h, w) */
+        float *input_b = rb->input + b * 3 * in_px; /* (3, ph, pw) */
+        if (resized_in)
+            MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->h, g->w, g->rh, g->rw, 0, 0));
+        MS_TRY(op_normalize_pad(be, input_b, resized_in ? resized : raw_b, g->rh, g->rw, g->ph,
+                                g->pw, c->mean, c->stdv));
+        MS_TRY(trace_emit(be, tr, "input", input_b, 3, in_shape));
+    }
     const int64_t pos_shape[2] = {g->n, C};
     MS_TRY(trace_emit(be, tr, "pos_embed", pl->pos, 2, pos_shape));
 
-    float *taps[4], *levels[4], *net_logits, *full, *crop;
-    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)C * g->n * sizeof(float));
+    float *taps[4]; /* each (B, C, hp, wp) */
+    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)B * C * g->n * sizeof(float));
     vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
                    .route = rb->route, .shared_mass = rb->shared_mass};
-    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, g->ph, g->pw, tr));
-    MS_TRY(neck_forward(be, act, levels, taps, &e->neck, c, g->hp, g->wp, tr));
+    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B, g->ph, g->pw,
+                       tr));
+
+    /* Neck, head and postprocessing per image, each on the same scratch. */
     int h0, w0;
     neck_level_size(&h0, &w0, c, 0, g->hp, g->wp);
-    ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
-    MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
-
-    /* spec 3.6: to the network input size, crop the padding, to the image. */
-    ALLOC(full, (size_t)K * g->ph * g->pw * sizeof(float));
-    MS_TRY(op_resize_bilinear(be, full, net_logits, K, h0, w0, g->ph, g->pw, 0, 0));
-    bool resized_in = g->rh != g->h || g->rw != g->w;
-    crop = resized_in ? NULL : rb->logits;
-    if (resized_in) ALLOC(crop, (size_t)K * g->rh * g->rw * sizeof(float));
-    MS_TRY(op_crop(be, crop, full, K, g->ph, g->pw, g->rh, g->rw));
-    if (resized_in)
-        MS_TRY(op_resize_bilinear(be, rb->logits, crop, K, g->rh, g->rw, g->h, g->w, 0, 0));
     const int64_t lg_shape[3] = {K, g->h, g->w};
-    MS_TRY(trace_emit(be, tr, "logits", rb->logits, 3, lg_shape));
-    MS_TRY(op_argmax(be, rb->mask, rb->logits, K, g->h, g->w));
+    for (int b = 0; b < B; b++) {
+        size_t mark = arena_mark(act);
+        float *taps_b[4], *levels[4], *net_logits, *full, *crop;
+        for (int j = 0; j < 4; j++) taps_b[j] = taps[j] + (size_t)b * C * g->n; /* (C, hp, wp) */
+        float *logits_b = rb->logits + b * K * px; /* (K, h, w) */
+        MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
+        ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
+        MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
+
+        /* spec 3.6: to the network input size, crop the padding, to the image. */
+        ALLOC(full, (size_t)K * in_px * sizeof(float));
+        MS_TRY(op_resize_bilinear(be, full, net_logits, K, h0, w0, g->ph, g->pw, 0, 0));
+        crop = resized_in ? NULL : logits_b;
+        if (resized_in) ALLOC(crop, (size_t)K * g->rh * g->rw * sizeof(float));
+        MS_TRY(op_crop(be, crop, full, K, g->ph, g->pw, g->rh, g->rw));
+        if (resized_in)
+            MS_TRY(op_resize_bilinear(be, logits_b, crop, K, g->rh, g->rw, g->h, g->w, 0, 0));
+        MS_TRY(trace_emit(be, tr, "logits", logits_b, 3, lg_shape));
+        MS_TRY(op_argmax(be, rb->mask + b * px, logits_b, K, g->h, g->w));
+        arena_reset(act, mark);
+    }
 #undef ALLOC
     return MS_OK;
 }
 
 static bool plan_matches(const engine_plan *pl, const run_geometry *g)
 {
-    return pl->used && pl->h == g->h && pl->w == g->w && pl->attention == (int)g->attention &&
+    return pl->used && pl->h == g->h && pl->w == g->w && pl->batch == g->batch &&
+           pl->attention == (int)g->attention &&
            pl->gh == g->mita.gh && pl->gw == g->mita.gw && pl->topk == g->mita.topk &&
            pl->record == g->record;
 }
@@ -556,7 +580,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
     act->device = be->device;
-    size_t in_bytes = (size_t)3 * g->h * g->w * sizeof(float);
+    size_t in_bytes = (size_t)g->batch * 3 * g->h * g->w * sizeof(float);
     pl->host_in = ms_malloc(in_bytes);
     MS_CHECK_ALLOC(pl->host_in, in_bytes);
 
@@ -572,8 +596,12 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     act->sizing = false;
     if (st == MS_OK) st = arena_init(act, need, be->device);
     if (st != MS_OK) {
-        ms_error_prefix(st, "activation memory for a %dx%d image (%zu MiB)", g->w, g->h,
-                        need >> 20);
+        if (g->batch == 1)
+            ms_error_prefix(st, "activation memory for a %dx%d image (%zu MiB)", g->w, g->h,
+                            need >> 20);
+        else
+            ms_error_prefix(st, "activation memory for %d %dx%d images (%zu MiB)", g->batch,
+                            g->w, g->h, need >> 20);
         arena_free(act);
         ms_free(pl->host_in);
         memset(pl, 0, sizeof *pl);
@@ -584,7 +612,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     if (st != MS_OK) return st;
     pl->act_base = arena_mark(act);
     pl->used = true;
-    pl->h = g->h, pl->w = g->w, pl->attention = g->attention;
+    pl->h = g->h, pl->w = g->w, pl->batch = g->batch, pl->attention = g->attention;
     pl->gh = g->mita.gh, pl->gw = g->mita.gw, pl->topk = g->mita.topk, pl->record = g->record;
     pl->last_use = ++e->clock;
     *out = pl;
@@ -641,37 +669,64 @@ static ms_status copy_out(ms_engine *e, void *dst, const void *src, size_t bytes
 
 ms_status engine_run(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *opt)
 {
+    return engine_run_batch(e, res, &img, 1, opt);
+}
+
+ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *imgs, int count,
+                           const ms_run_options *opt)
+{
     ms_run_options defaults = {.attention = -1};
     if (!opt) opt = &defaults;
-    if (!img || !img->rgb || img->w < 1 || img->h < 1)
-        return ms_error(MS_ERR_ARG, "engine_run: empty image");
+    if (count < 1 || !imgs) return ms_error(MS_ERR_ARG, "engine_run_batch: no images");
+    for (int b = 0; b < count; b++) {
+        const ms_image *im = imgs[b];
+        if (!im || !im->rgb || im->w < 1 || im->h < 1)
+            return ms_error(MS_ERR_ARG, "engine_run: empty image%s", count > 1 ? " in a batch" : "");
+        if (im->w != imgs[0]->w || im->h != imgs[0]->h)
+            return ms_error(MS_ERR_ARG,
+                            "engine_run_batch: image %d is %dx%d but image 0 is %dx%d; a batch "
+                            "needs one size", b, im->w, im->h, imgs[0]->w, imgs[0]->h);
+    }
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
+#ifdef MS_HAVE_CUDA
+    if (e->be.device == MS_DEVICE_CUDA) MS_TRY(cuda_ctx_use(e->cu)); /* this thread's GPU */
+#endif
     run_geometry g;
-    MS_TRY(plan_geometry(&g, e->cfg, img->h, img->w, opt));
+    MS_TRY(plan_geometry(&g, e->cfg, count, imgs[0]->h, imgs[0]->w, opt));
     engine_plan *pl = NULL;
     MS_TRY(engine_get_plan(e, &pl, &g));
-    MS_TRY(result_reserve(res, &g, e->cfg));
+    for (int b = 0; b < count; b++) MS_TRY(result_reserve(&res[b], &g, e->cfg));
 
-    /* Interleaved uint8 -> planar float staging. */
+    /* Interleaved uint8 -> planar float staging, (B, 3, h, w). */
     size_t px = (size_t)g.h * g.w;
-    for (size_t i = 0; i < px; i++)
-        for (int ch = 0; ch < 3; ch++) pl->host_in[ch * px + i] = img->rgb[i * 3 + ch];
+    for (int b = 0; b < count; b++) {
+        float *dst = pl->host_in + (size_t)b * 3 * px;
+        const uint8_t *rgb = imgs[b]->rgb;
+        for (size_t i = 0; i < px; i++)
+            for (int ch = 0; ch < 3; ch++) dst[ch * px + i] = rgb[i * 3 + ch];
+    }
 
     arena_reset(&pl->act, pl->act_base);
     e->be.scratch = &pl->act;
     run_buffers rb;
     ms_status st = engine_forward(e, pl, &g, &rb, &e->trace);
     const ms_config *c = e->cfg;
-    if (st == MS_OK) st = copy_out(e, res->logits, rb.logits, (size_t)c->n_classes * px * sizeof(float));
-    if (st == MS_OK) st = copy_out(e, res->mask, rb.mask, px);
-    if (st == MS_OK && g.record) {
-        size_t dh = (size_t)c->depth * c->num_heads;
-        st = copy_out(e, res->topk_idx, rb.topk_idx, dh * res->m * res->k * sizeof(int32_t));
-        if (st == MS_OK) st = copy_out(e, res->route, rb.route, dh * g.n * sizeof(int32_t));
-        if (st == MS_OK)
-            st = copy_out(e, res->shared_mass, rb.shared_mass, dh * g.n * sizeof(float));
-        memset(res->layer_mita, 1, (size_t)c->depth);
+    size_t dh = (size_t)c->depth * c->num_heads;
+    size_t n_logits = (size_t)c->n_classes * px, n_topk = dh * g.mita.gh * g.mita.gw * g.mita.topk;
+    for (int b = 0; b < count && st == MS_OK; b++) {
+        ms_result *r = &res[b];
+        st = copy_out(e, r->logits, rb.logits + b * n_logits, n_logits * sizeof(float));
+        if (st == MS_OK) st = copy_out(e, r->mask, rb.mask + b * px, px);
+        if (st == MS_OK && g.record) {
+            st = copy_out(e, r->topk_idx, rb.topk_idx + b * n_topk, n_topk * sizeof(int32_t));
+            if (st == MS_OK)
+                st = copy_out(e, r->route, rb.route + b * dh * g.n, dh * g.n * sizeof(int32_t));
+            if (st == MS_OK)
+                st = copy_out(e, r->shared_mass, rb.shared_mass + b * dh * g.n,
+                              dh * g.n * sizeof(float));
+            memset(r->layer_mita, 1, (size_t)c->depth);
+        }
     }
 #ifdef MS_HAVE_CUDA
     if (st == MS_OK && e->be.device == MS_DEVICE_CUDA) st = cuda_sync(e->cu);
@@ -679,8 +734,11 @@ ms_status engine_run(ms_engine *e, ms_result *res, const ms_image *img, const ms
     arena_reset(&pl->act, pl->act_base);
     if (st != MS_OK) return st;
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    res->ms_total = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
-    snprintf(res->device_name, sizeof res->device_name, "%s", e->device_name);
+    double ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    for (int b = 0; b < count; b++) {
+        res[b].ms_total = ms / count;
+        snprintf(res[b].device_name, sizeof res[b].device_name, "%s", e->device_name);
+    }
     return MS_OK;
 }
 

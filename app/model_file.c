@@ -34,12 +34,14 @@ struct ms_model_file {
     char *names;       /* one block holding every t[i].name */
 };
 
-static const char *const dtype_names[] = {"F32", "F16", "BF16", "I32", "U8"};
-static const size_t dtype_sizes[] = {4, 2, 2, 4, 1};
+static const char *const dtype_names[MS_DT_COUNT] = {"F32", "F16", "BF16", "I32", "U8",
+                                                     "F64", "I64", "I16", "I8", "U16",
+                                                     "U32", "U64", "BOOL"};
+static const size_t dtype_sizes[MS_DT_COUNT] = {4, 2, 2, 4, 1, 8, 8, 2, 1, 2, 4, 8, 1};
 
 static int dtype_from_name(const char *s)
 {
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < MS_DT_COUNT; i++)
         if (strcmp(s, dtype_names[i]) == 0) return i;
     return -1;
 }
@@ -401,9 +403,9 @@ ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *
     if (!same)
         return ms_error(MS_ERR_FORMAT, "%s: tensor %s has shape %s, expected %s", mf->path, name,
                         shape_str(got, sizeof got, t->ndim, t->shape), shape_str(want, sizeof want, ndim, shape));
-    if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_F16 && t->dtype != MS_DT_BF16)
-        return ms_error(MS_ERR_FORMAT, "%s: tensor %s has dtype %s, expected F32, F16 or BF16", mf->path, name,
-                        dtype_names[t->dtype]);
+    if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_F16 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F64)
+        return ms_error(MS_ERR_FORMAT, "%s: tensor %s has dtype %s, expected F32, F16, BF16 or F64", mf->path,
+                        name, dtype_names[t->dtype]);
     size_t n = t->nbytes / dtype_sizes[t->dtype];
     if (n == 0) return MS_OK; /* dst may be NULL for an empty tensor */
     /* The data may be unaligned (any header length is legal), so copy bytes. */
@@ -419,6 +421,13 @@ ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *
         for (size_t i = 0; i < n; i++) {
             uint32_t bits = (uint32_t)(src[2 * i] | src[2 * i + 1] << 8) << 16;
             memcpy(&dst[i], &bits, 4);
+        }
+        break;
+    case MS_DT_F64:
+        for (size_t i = 0; i < n; i++) {
+            double v;
+            memcpy(&v, src + 8 * i, 8);
+            dst[i] = (float)v;
         }
         break;
     default:
@@ -511,7 +520,7 @@ static ms_status check_tensors(const char *path, const ms_tensor *tensors, int n
         const ms_tensor *t = &tensors[i];
         if (!t->name || !t->name[0] || strcmp(t->name, "__metadata__") == 0)
             return ms_error(MS_ERR_ARG, "%s: tensor %d has no usable name", path, i);
-        if ((int)t->dtype < 0 || (int)t->dtype > MS_DT_U8 || t->ndim < 0 || t->ndim > MS_MAX_DIMS)
+        if ((int)t->dtype < 0 || (int)t->dtype >= MS_DT_COUNT || t->ndim < 0 || t->ndim > MS_MAX_DIMS)
             return ms_error(MS_ERR_ARG, "%s: tensor %s: bad dtype or ndim", path, t->name);
         size_t bytes = dtype_sizes[t->dtype];
         for (int k = 0; k < t->ndim; k++)

@@ -6,7 +6,14 @@
 
 #include "config.h"
 
-typedef enum { MS_DT_F32 = 0, MS_DT_F16, MS_DT_BF16, MS_DT_I32, MS_DT_U8 } ms_dtype;
+/* The safetensors dtypes. Weights may be F32, F16, BF16 or F64 (converted to
+ * F32 at load); the others may sit in a file (e.g. BatchNorm's I64
+ * num_batches_tracked in a raw state dict) but are never read as weights. */
+typedef enum {
+    MS_DT_F32 = 0, MS_DT_F16, MS_DT_BF16, MS_DT_I32, MS_DT_U8,
+    MS_DT_F64, MS_DT_I64, MS_DT_I16, MS_DT_I8, MS_DT_U16, MS_DT_U32, MS_DT_U64, MS_DT_BOOL,
+    MS_DT_COUNT
+} ms_dtype;
 
 #define MS_MAX_DIMS 8
 

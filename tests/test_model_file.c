@@ -290,6 +290,8 @@ START_TEST(test_roundtrip_dtypes)
     const float bf16_want[5] = {1.0f, -3.0f, 3.140625f, INFINITY, bits_f32(0x00010000)};
     const int32_t i32[2] = {7, -7};
     const uint8_t u8[3] = {1, 2, 3};
+    const double f64[2] = {0.1, -2.5};
+    const int64_t i64[1] = {12345}; /* BatchNorm's num_batches_tracked in a raw state dict */
     ms_tensor t[] = {
         {.name = "w.f32", .dtype = MS_DT_F32, .ndim = 2, .shape = {2, 3}, .data = f32, .nbytes = sizeof f32},
         {.name = "w.f16", .dtype = MS_DT_F16, .ndim = 2, .shape = {5, 2}, .data = f16, .nbytes = sizeof f16},
@@ -298,9 +300,11 @@ START_TEST(test_roundtrip_dtypes)
         {.name = "i.u8", .dtype = MS_DT_U8, .ndim = 3, .shape = {1, 1, 3}, .data = u8, .nbytes = sizeof u8},
         {.name = "empty", .dtype = MS_DT_F32, .ndim = 2, .shape = {0, 4}, .data = NULL, .nbytes = 0},
         {.name = "scalar", .dtype = MS_DT_F32, .ndim = 0, .data = f32, .nbytes = 4},
+        {.name = "w.f64", .dtype = MS_DT_F64, .ndim = 1, .shape = {2}, .data = f64, .nbytes = sizeof f64},
+        {.name = "bn.num_batches_tracked", .dtype = MS_DT_I64, .ndim = 0, .data = i64, .nbytes = 8},
     };
     const char *p = at("m.safetensors");
-    ck_assert_msg(write_model(p, t, 7) == MS_OK, "%s", ms_last_error());
+    ck_assert_msg(write_model(p, t, 9) == MS_OK, "%s", ms_last_error());
 
     /* Header padded to 8, data contiguous in the given order. */
     size_t n;
@@ -308,21 +312,23 @@ START_TEST(test_roundtrip_dtypes)
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = hlen << 8 | raw[i];
     ck_assert_uint_eq(hlen % 8, 0);
-    ck_assert_uint_eq(n, 8 + hlen + sizeof f32 + sizeof f16 + sizeof bf16 + sizeof i32 + sizeof u8 + 4);
-    ck_assert_int_eq(memcmp(raw + 8 + hlen, f32, sizeof f32), 0);
+    ck_assert_uint_eq(n, 8 + hlen + sizeof f32 + sizeof f16 + sizeof bf16 + sizeof i32 + sizeof u8 + 4 +
+                             sizeof f64 + sizeof i64);
+    /* Widest elements first, so every tensor is aligned to its element size. */
+    ck_assert_int_eq(memcmp(raw + 8 + hlen, f64, sizeof f64), 0);
     free(raw);
 
     ms_model_file *mf;
     ck_assert_msg(model_file_open(&mf, p) == MS_OK, "%s", ms_last_error());
     ck_assert_str_eq(model_file_path(mf), p);
-    ck_assert_int_eq(model_file_count(mf), 7);
+    ck_assert_int_eq(model_file_count(mf), 9);
     ck_assert_int_eq(model_file_config(mf)->n_classes, 2);
     const ms_tensor *ti = model_file_find(mf, "i.i32");
     ck_assert_ptr_nonnull(ti);
     ck_assert_int_eq(ti->dtype, MS_DT_I32);
     ck_assert_int_eq(memcmp(ti->data, i32, sizeof i32), 0);
     ck_assert_ptr_null(model_file_find(mf, "nope"));
-    ck_assert_ptr_null(model_file_tensor(mf, 7));
+    ck_assert_ptr_null(model_file_tensor(mf, 9));
     for (int i = 0; i < model_file_count(mf); i++) ck_assert_ptr_nonnull(model_file_find(mf, model_file_tensor(mf, i)->name));
 
     float out[10];
@@ -339,6 +345,10 @@ START_TEST(test_roundtrip_dtypes)
     ck_assert_int_eq(model_file_read_f32(mf, "w.bf16", out, 1, (int64_t[]){5}), MS_OK);
     for (int i = 0; i < 5; i++) ck_assert_msg(memcmp(&out[i], &bf16_want[i], 4) == 0, "bf16 %d: %a", i, out[i]);
 
+    ck_assert_int_eq(model_file_read_f32(mf, "w.f64", out, 1, (int64_t[]){2}), MS_OK);
+    ck_assert_float_eq(out[0], (float)0.1);
+    ck_assert_float_eq(out[1], -2.5f);
+
     ck_assert_int_eq(model_file_read_f32(mf, "scalar", out, 0, NULL), MS_OK);
     ck_assert_float_eq(out[0], 1.5f);
     ck_assert_int_eq(model_file_read_f32(mf, "empty", out, 2, (int64_t[]){0, 4}), MS_OK);
@@ -353,6 +363,8 @@ START_TEST(test_roundtrip_dtypes)
     assert_error(p, "missing tensor backbone.blocks.0.attn.qkv.weight");
     ck_assert_int_eq(model_file_read_f32(mf, "i.i32", out, 1, (int64_t[]){2}), MS_ERR_FORMAT);
     assert_error(p, "dtype I32");
+    ck_assert_int_eq(model_file_read_f32(mf, "bn.num_batches_tracked", out, 0, NULL), MS_ERR_FORMAT);
+    assert_error(p, "dtype I64");
     model_file_close(mf);
 
     /* No temp file left behind. */
@@ -523,7 +535,7 @@ static const struct {
     {"\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}", 8, "end before begin"},
     {"\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}", 8, "data_offsets must be [begin, end]"},
     {"\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0.5,4]}", 8, "data_offsets must be [begin, end]"},
-    {"\"a\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}", 8, "tensor a: unsupported dtype 'F64'"},
+    {"\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}", 8, "tensor a: unsupported dtype 'F8_E4M3'"},
     {"\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}", 8, "tensor a: missing dtype"},
     {"\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}", 8, "tensor a: missing shape"},
     {"\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}", 8, "shape[0] is not a non-negative integer"},

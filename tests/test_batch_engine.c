@@ -1,0 +1,230 @@
+/* engine_run_batch: several same-size images in one forward pass give each
+ * image the result engine_run gives it alone, on the fixture models with MiTA
+ * (mita_d) and full attention (full_none). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "app/engine.h"
+#include "testutil.h"
+
+/* Batched against single logits, relative to the largest |logit|. The batch
+ * runs the backbone's linears as one GEMM over B*N rows instead of N: OpenBLAS
+ * picks blocking and edge micro-kernels by the row count, and gemm_cpu splits
+ * rows into per-thread slabs at different boundaries, so a row's dot products
+ * may be summed in another order (float32 reassociation, ~1e-7 relative per
+ * op). Measured here: at most 5e-7 of the largest logit (0 for B=1); 1e-5
+ * still catches a wrong slice or stride, which moves logits at the 1e-1 level. */
+#define BATCH_TOL 1e-5
+
+static const char *const models[] = {"mita_d.model.safetensors", "full_none.model.safetensors"};
+
+static ms_engine *open_engine(const char *name)
+{
+    ms_engine_options eo = {.device = MS_DEV_CPU, .threads = 2};
+    ms_engine *e = NULL;
+    ck_assert_msg(engine_init(&e, fixture_path(name), &eo) == MS_OK, "%s", ms_last_error());
+    return e;
+}
+
+static void make_image(ms_image *img, int w, int h, uint32_t seed)
+{
+    img->w = w, img->h = h;
+    img->rgb = malloc((size_t)w * h * 3);
+    ck_assert_ptr_nonnull(img->rgb);
+    uint32_t s = seed * 2654435761u + 12345u;
+    for (size_t i = 0; i < (size_t)w * h * 3; i++) {
+        s = s * 1664525u + 1013904223u;
+        img->rgb[i] = (uint8_t)(s >> 24);
+    }
+}
+
+/* Largest minus second-largest logit at pixel p of (K, h, w) logits. */
+static double top2_gap(const float *logits, int K, size_t px, size_t p)
+{
+    double a = -INFINITY, b = -INFINITY;
+    for (int c = 0; c < K; c++) {
+        double v = logits[(size_t)c * px + p];
+        if (v > a) b = a, a = v;
+        else if (v > b) b = v;
+    }
+    return a - b;
+}
+
+static int cmp_i32(const void *x, const void *y)
+{
+    int32_t a = *(const int32_t *)x, b = *(const int32_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* got equals want as engine_run's result: geometry, logits within BATCH_TOL,
+ * masks equal except where the top two logits are within the tolerance, and
+ * the MiTA records (routed index sets, routes) equal. */
+static void assert_same_result(const ms_result *got, const ms_result *want, const char *what)
+{
+    ck_assert_int_eq(got->h, want->h);
+    ck_assert_int_eq(got->w, want->w);
+    ck_assert_int_eq(got->n, want->n);
+    ck_assert_int_eq(got->attention, want->attention);
+    size_t px = (size_t)want->h * want->w, nl = (size_t)want->classes * px;
+    double scale = max_abs(want->logits, nl), diff = max_abs_diff(got->logits, want->logits, nl);
+    ck_assert_msg(scale > 0, "%s: all-zero logits", what);
+    ck_assert_msg(diff <= BATCH_TOL * scale, "%s: logits differ by %g (largest %g)", what, diff,
+                  scale);
+    for (size_t p = 0; p < px; p++)
+        if (got->mask[p] != want->mask[p])
+            ck_assert_msg(top2_gap(want->logits, want->classes, px, p) <= 2 * BATCH_TOL * scale,
+                          "%s: mask differs at pixel %zu away from a tie", what, p);
+    ck_assert_int_eq(!!got->topk_idx, !!want->topk_idx);
+    if (!want->topk_idx) return;
+    ck_assert_int_eq(got->m, want->m);
+    ck_assert_int_eq(got->k, want->k);
+    ck_assert_int_eq(memcmp(got->layer_mita, want->layer_mita, (size_t)want->depth), 0);
+    size_t sets = (size_t)want->depth * want->heads * want->m, k = (size_t)want->k;
+    int32_t *a = malloc(k * sizeof *a), *b = malloc(k * sizeof *b);
+    for (size_t s = 0; s < sets; s++) {
+        /* one expert's routed positions, compared as sets (order among equal
+         * scores is not part of the contract) */
+        memcpy(a, got->topk_idx + s * k, k * sizeof *a);
+        memcpy(b, want->topk_idx + s * k, k * sizeof *b);
+        qsort(a, k, sizeof *a, cmp_i32);
+        qsort(b, k, sizeof *b, cmp_i32);
+        ck_assert_msg(!memcmp(a, b, k * sizeof *a), "%s: topk set %zu differs", what, s);
+    }
+    free(a);
+    free(b);
+    size_t nr = (size_t)want->depth * want->heads * want->n;
+    ck_assert_msg(!memcmp(got->route, want->route, nr * sizeof(int32_t)), "%s: routes differ",
+                  what);
+}
+
+/* B = 1, 2, 3 images of one size against each image run alone; odd sizes so
+ * the models' resize and padding paths run. */
+START_TEST(test_batch_matches_single)
+{
+    ms_engine *e = open_engine(models[_i]);
+    ms_run_options ro = {.attention = -1, .record = true};
+    enum { MAXB = 3, W = 45, H = 37 };
+    ms_image img[MAXB];
+    ms_result single[MAXB];
+    memset(single, 0, sizeof single);
+    for (int b = 0; b < MAXB; b++) {
+        make_image(&img[b], W, H, (uint32_t)(b + 1));
+        ck_assert_msg(engine_run(e, &single[b], &img[b], &ro) == MS_OK, "%s", ms_last_error());
+    }
+    /* Different images give different logits: a batch that ran image 0
+     * everywhere would not pass. */
+    size_t nl = (size_t)single[0].classes * W * H;
+    ck_assert(max_abs_diff(single[0].logits, single[1].logits, nl) >
+              0.01 * max_abs(single[0].logits, nl));
+    for (int B = 1; B <= MAXB; B++) {
+        const ms_image *ptrs[MAXB];
+        ms_result res[MAXB];
+        memset(res, 0, sizeof res);
+        for (int b = 0; b < B; b++) ptrs[b] = &img[b];
+        ck_assert_msg(engine_run_batch(e, res, ptrs, B, &ro) == MS_OK, "%s", ms_last_error());
+        for (int b = 0; b < B; b++) {
+            char what[96];
+            snprintf(what, sizeof what, "%s B=%d image %d", models[_i], B, b);
+            assert_same_result(&res[b], &single[b], what);
+        }
+        /* The second batch of this size and count reuses the plan and the
+         * results' buffers, and gives the same bytes. */
+        float *logits0 = res[0].logits;
+        float *first = malloc(nl * sizeof(float));
+        memcpy(first, res[B - 1].logits, nl * sizeof(float));
+        ck_assert(engine_run_batch(e, res, ptrs, B, &ro) == MS_OK);
+        ck_assert_ptr_eq(res[0].logits, logits0);
+        ck_assert_int_eq(memcmp(first, res[B - 1].logits, nl * sizeof(float)), 0);
+        free(first);
+        for (int b = 0; b < B; b++) result_free(&res[b]);
+    }
+    for (int b = 0; b < MAXB; b++) {
+        result_free(&single[b]);
+        free(img[b].rgb);
+    }
+    engine_free(e);
+}
+END_TEST
+
+/* Different sizes, no images, a missing image: MS_ERR_ARG, nothing run. */
+START_TEST(test_batch_rejects)
+{
+    ms_engine *e = open_engine(models[0]);
+    ms_image a, b;
+    make_image(&a, 32, 24, 1);
+    make_image(&b, 24, 32, 2);
+    const ms_image *ptrs[2] = {&a, &b};
+    ms_result res[2];
+    memset(res, 0, sizeof res);
+    ck_assert_int_eq(engine_run_batch(e, res, ptrs, 2, NULL), MS_ERR_ARG);
+    ck_assert_ptr_nonnull(strstr(ms_last_error(), "one size"));
+    ck_assert_ptr_null(res[0].logits);
+    ck_assert_int_eq(engine_run_batch(e, res, ptrs, 0, NULL), MS_ERR_ARG);
+    ptrs[1] = NULL;
+    ck_assert_int_eq(engine_run_batch(e, res, ptrs, 2, NULL), MS_ERR_ARG);
+    free(a.rgb);
+    free(b.rgb);
+    engine_free(e);
+}
+END_TEST
+
+typedef struct {
+    int logits_calls;
+    float *copies[2];
+    size_t n;
+} trace_log;
+
+static void on_trace(void *user, const char *name, const float *data, int ndim,
+                     const int64_t *shape)
+{
+    trace_log *t = user;
+    if (strcmp(name, "logits")) return;
+    ck_assert_int_eq(ndim, 3);
+    size_t n = (size_t)shape[0] * shape[1] * shape[2];
+    ck_assert_int_lt(t->logits_calls, 2);
+    t->copies[t->logits_calls] = malloc(n * sizeof(float));
+    memcpy(t->copies[t->logits_calls], data, n * sizeof(float));
+    t->n = n;
+    t->logits_calls++;
+}
+
+/* In a batch the trace reports each per-image stage once per image, in order,
+ * with the single-image names and shapes. */
+START_TEST(test_batch_trace)
+{
+    ms_engine *e = open_engine(models[0]);
+    trace_log t = {0};
+    engine_set_trace(e, on_trace, &t);
+    ms_image a, b;
+    make_image(&a, 30, 20, 3);
+    make_image(&b, 30, 20, 4);
+    const ms_image *ptrs[2] = {&a, &b};
+    ms_result res[2];
+    memset(res, 0, sizeof res);
+    ck_assert(engine_run_batch(e, res, ptrs, 2, NULL) == MS_OK);
+    ck_assert_int_eq(t.logits_calls, 2);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(t.n, (size_t)res[i].classes * res[i].h * res[i].w);
+        ck_assert_int_eq(memcmp(t.copies[i], res[i].logits, t.n * sizeof(float)), 0);
+        free(t.copies[i]);
+        result_free(&res[i]);
+    }
+    free(a.rgb);
+    free(b.rgb);
+    engine_free(e);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("batch_engine");
+    TCase *tc = tcase_create("batch_engine");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_batch_matches_single, 0, (int)(sizeof models / sizeof models[0]));
+    tcase_add_test(tc, test_batch_rejects);
+    tcase_add_test(tc, test_batch_trace);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
