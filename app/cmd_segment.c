@@ -1,9 +1,12 @@
 /* mitaseg segment: images in, one PNG mask per image out.
  *
- * Three threads: a reader decodes the next images, the main thread runs the
- * engine, a writer encodes and writes finished masks, joined by two small
- * bounded queues, so PNG/JPEG work overlaps the model's. The writer is the
- * only thread that prints while the pipeline runs (errors, progress). */
+ * A reader thread decodes the next images, one engine worker thread per
+ * device (one on the CPU or a single GPU; one per GPU with --devices 0,1)
+ * takes them from the shared input queue, groups up to --batch consecutive
+ * same-size images into one forward pass, and a writer thread encodes and
+ * writes finished masks; bounded queues join them, so PNG/JPEG work overlaps
+ * the model's. The writer is the only thread that prints while the pipeline
+ * runs (errors, progress). */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -66,10 +69,17 @@ static const char segment_help[] =
     "  --shard I/N             process only the sorted inputs at positions p with\n"
     "                          p % N == I-1 (I is 1-based); N processes given the\n"
     "                          same inputs split them without overlap\n"
-    "  --batch B               images in flight (decode ahead, write behind); the\n"
-    "                          engine runs them back-to-back, one forward pass each\n"
-    "  --devices LIST          GPU ids (one per process in this build; use --shard\n"
-    "                          for several GPUs)\n"
+    "  --batch B               run up to B consecutive same-size images in one\n"
+    "                          forward pass (bigger matrix products; most useful on\n"
+    "                          a GPU); an image of another size starts a new batch.\n"
+    "                          Decoding and writing overlap the model's work either\n"
+    "                          way. --tile runs windows one at a time\n"
+    "  --devices LIST          GPUs to use, e.g. 0,1 (counted within\n"
+    "                          CUDA_VISIBLE_DEVICES): one engine per GPU, each on\n"
+    "                          its own thread, sharing the inputs and the writer.\n"
+    "                          Implies --device cuda; an error (exit 2) before any\n"
+    "                          work when a listed GPU is not usable. Across machines\n"
+    "                          use --shard\n"
     "  -q, --quiet             no progress and no summary (errors still printed)\n"
     "\n"
     "Inputs are never overwritten: an output that would replace an input is an\n"
@@ -90,6 +100,8 @@ typedef struct {
     int tile, overlap;
     int shard_i, shard_n;
     int batch;
+    int devices[64];      /* --devices ids (n_devices), in the order given */
+    int n_devices;        /* 0: no --devices, one engine on the chosen device */
     const char **inputs;  /* (n_inputs) */
     int n_inputs;
     const char **lists;   /* (n_lists) */
@@ -256,7 +268,7 @@ static void plan_free(seg_plan *p)
 typedef struct {
     const seg_args *a;
     seg_plan *plan;
-    const ms_config *cfg;
+    const ms_config *cfg;   /* engine 0's; every engine loads the same model */
     job_queue read_q, write_q;
     /* writer-owned counters */
     int done, failed, skipped, total;
@@ -449,32 +461,138 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-/* ---- engine ---- */
+/* ---- engines ---- */
 
-static ms_status segment_one(job *j, ms_engine *e, ms_result *res, const seg_args *a)
+/* One engine and the thread that feeds it. */
+typedef struct {
+    seg_run *r;
+    ms_engine *e;
+    ms_result *res;         /* (a->batch) results, reused batch after batch */
+    pthread_t thread;
+    bool started;
+} seg_worker;
+
+/* Runs n same-size images (n == 1 with --tile) through the engine and gives
+ * each job its mask (and, for --heatmaps, its record). */
+static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args *a)
 {
-    size_t n = (size_t)j->img.w * j->img.h;
-    j->mask = malloc(n ? n : 1);
-    MS_CHECK_ALLOC(j->mask, n);
+    for (int b = 0; b < n; b++) {
+        size_t px = (size_t)group[b]->img.w * group[b]->img.h;
+        group[b]->mask = malloc(px ? px : 1);
+        MS_CHECK_ALLOC(group[b]->mask, px);
+    }
     ms_run_options opt = a->eng.run;
     opt.record = a->dump != NULL || a->heatmaps;
-    if (a->tile > 0) {
-        return batch_segment_tiled(j->mask, e, res, &opt, &j->img, a->tile, a->overlap);
-    }
-    MS_TRY(engine_run(e, res, &j->img, &opt));
-    if (res->w != j->img.w || res->h != j->img.h)
-        return ms_error(MS_ERR_ARG, "engine returned a %dx%d mask for a %dx%d image", res->w,
-                        res->h, j->img.w, j->img.h);
-    memcpy(j->mask, res->mask, n);
-    if (a->dump) MS_TRY(result_write_dump(res, a->dump));
-    if (a->heatmaps) {
-        /* The viewer's strip needs the record after res is reused: hand it over. */
-        j->rec = malloc(sizeof *j->rec);
-        MS_CHECK_ALLOC(j->rec, sizeof *j->rec);
-        *j->rec = *res;
-        memset(res, 0, sizeof *res);
+    if (a->tile > 0)
+        return batch_segment_tiled(group[0]->mask, w->e, &w->res[0], &opt, &group[0]->img,
+                                   a->tile, a->overlap);
+    const ms_image *imgs[256];
+    for (int b = 0; b < n; b++) imgs[b] = &group[b]->img;
+    MS_TRY(engine_run_batch(w->e, w->res, imgs, n, &opt));
+    for (int b = 0; b < n; b++) {
+        job *j = group[b];
+        ms_result *res = &w->res[b];
+        if (res->w != j->img.w || res->h != j->img.h)
+            return ms_error(MS_ERR_ARG, "engine returned a %dx%d mask for a %dx%d image", res->w,
+                            res->h, j->img.w, j->img.h);
+        memcpy(j->mask, res->mask, (size_t)j->img.w * j->img.h);
+        if (a->dump) MS_TRY(result_write_dump(res, a->dump));
+        if (a->heatmaps) {
+            /* The viewer's strip needs the record after res is reused: hand it over. */
+            j->rec = malloc(sizeof *j->rec);
+            MS_CHECK_ALLOC(j->rec, sizeof *j->rec);
+            *j->rec = *res;
+            memset(res, 0, sizeof *res);
+        }
     }
     return MS_OK;
+}
+
+/* Runs a group and passes its jobs on to the writer. */
+static void finish_group(job **group, int n, seg_worker *w)
+{
+    const seg_args *a = w->r->a;
+    if (g_stop) { /* interrupted: drop what is not started */
+        for (int b = 0; b < n; b++) job_free(group[b]);
+        return;
+    }
+    if (segment_group(group, n, w, a) != MS_OK) {
+        const char *msg = ms_last_error(); /* per thread: this worker's error */
+        for (int b = 0; b < n; b++) job_fail(group[b], msg);
+    }
+    for (int b = 0; b < n; b++) {
+        job *j = group[b];
+        if (!a->overlay && !a->heatmaps && j->kind == JOB_RUN) {
+            /* only the size is needed from here on */
+            free(j->img.rgb);
+            j->img.rgb = NULL;
+        }
+        queue_put(&w->r->write_q, j);
+    }
+}
+
+/* A worker: takes decoded images from the shared input queue, groups up to
+ * --batch consecutive same-size ones (another size, or the end of the input,
+ * closes the group), runs each group in one forward pass. Skipped and failed
+ * jobs go straight to the writer. */
+static void *worker_main(void *arg)
+{
+    seg_worker *w = arg;
+    seg_run *r = w->r;
+    const int cap = r->a->tile > 0 ? 1 : r->a->batch;
+    job *group[256];
+    int n = 0;
+    job *next = NULL; /* taken from the queue, starts the next group */
+    for (;;) {
+        job *j = next ? next : queue_get(&r->read_q);
+        next = NULL;
+        if (!j) break;
+        if (g_stop) { /* interrupted: drop what is not started */
+            job_free(j);
+            continue;
+        }
+        if (j->kind != JOB_RUN) {
+            queue_put(&r->write_q, j);
+            continue;
+        }
+        group[0] = j;
+        n = 1;
+        while (n < cap && !g_stop) {
+            job *k = queue_get(&r->read_q);
+            if (!k) break;
+            if (k->kind != JOB_RUN) {
+                queue_put(&r->write_q, k);
+            } else if (k->img.w != j->img.w || k->img.h != j->img.h) {
+                next = k;
+                break;
+            } else {
+                group[n++] = k;
+            }
+        }
+        finish_group(group, n, w);
+    }
+    return NULL;
+}
+
+/* Opens one engine per --devices GPU (or the one engine of the engine
+ * options) before any image is read. Returns 0, else the exit status after
+ * printing why. */
+static int open_engines(seg_worker *workers, int n_workers, const seg_args *a)
+{
+    if (a->n_devices == 0) return cli_open_engine(&workers[0].e, &a->eng, a->quiet) ? 1 : 0;
+    const char *path = cli_model_path(&a->eng);
+    for (int i = 0; i < n_workers; i++) {
+        ms_engine_options eo = a->eng.eng;
+        eo.device = MS_DEV_CUDA;
+        eo.device_index = a->devices[i];
+        ms_status st = engine_init(&workers[i].e, path, &eo);
+        if (st != MS_OK) {
+            /* A missing GPU is a usage problem of this machine, not of an image. */
+            cli_error("segment: --devices: GPU %d: %s", a->devices[i], ms_last_error());
+            return st == MS_ERR_UNSUPPORTED ? 2 : 1;
+        }
+    }
+    return 0;
 }
 
 /* ---- argument parsing ---- */
@@ -501,11 +619,11 @@ static bool parse_pos_int(const char *s, int lo, int hi, int *out)
     return true;
 }
 
-/* --devices LIST: one id in this build; selects it via CUDA_VISIBLE_DEVICES
- * (taking the id-th entry when that is already set). */
-static int apply_devices(seg_args *a, const char *list)
+/* --devices LIST: distinct GPU ids, one engine each. Needs the CUDA backend;
+ * whether the GPUs exist is checked when the engines open (open_engines). */
+static int parse_devices(seg_args *a, const char *list)
 {
-    int ids[64], n = 0;
+    int n = 0;
     const char *s = list;
     while (*s) {
         char *end;
@@ -513,46 +631,24 @@ static int apply_devices(seg_args *a, const char *list)
         long v = strtol(s, &end, 10);
         if (errno || end == s || v < 0 || v > 1023 || (*end && *end != ',') || n == 64)
             return usage_error("--devices: expected GPU ids like 0 or 0,1, got '%s'", list);
-        ids[n++] = (int)v;
+        for (int k = 0; k < n; k++)
+            if (a->devices[k] == (int)v)
+                return usage_error("--devices %s: GPU %ld listed twice", list, v);
+        a->devices[n++] = (int)v;
         s = *end ? end + 1 : end;
     }
     if (n == 0) return usage_error("--devices: empty list");
-    int distinct = 1;
-    for (int i = 1; i < n; i++) {
-        bool seen = false;
-        for (int k = 0; k < i; k++) seen |= ids[k] == ids[i];
-        distinct += !seen;
-    }
-    if (distinct > 1) {
-        cli_error("segment: --devices %s: several GPUs in one process are not supported in this "
-                  "build; run one process per GPU, e.g. `mitaseg segment ... --devices 0 --shard "
-                  "1/2` and `--devices 1 --shard 2/2`", list);
-        return 2;
-    }
     if (a->eng.eng.device == MS_DEV_CPU)
-        return usage_error("--devices and --device cpu contradict each other");
+        return usage_error("--devices selects GPUs; it cannot be combined with --device cpu");
+#ifndef MS_HAVE_CUDA
+    cli_error("segment: --devices %s: this build has no CUDA backend (GPUs cannot be used)",
+              list);
+    return 2;
+#else
+    a->n_devices = n;
     a->eng.eng.device = MS_DEV_CUDA;
-    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
-    char buf[64];
-    if (vis && *vis) {
-        /* ids count within the already visible devices */
-        const char *p = vis;
-        for (int k = 0; k < ids[0] && p; k++) {
-            p = strchr(p, ',');
-            if (p) p++;
-        }
-        if (!p || !*p) {
-            cli_error("segment: --devices %d: only devices %s are visible (CUDA_VISIBLE_DEVICES)",
-                      ids[0], vis);
-            return 2;
-        }
-        size_t len = strcspn(p, ",");
-        snprintf(buf, sizeof buf, "%.*s", (int)(len < 60 ? len : 60), p);
-    } else {
-        snprintf(buf, sizeof buf, "%d", ids[0]);
-    }
-    setenv("CUDA_VISIBLE_DEVICES", buf, 1);
     return 0;
+#endif
 }
 
 /* 0 on success, -1 after --help (exit 0), else the exit status. */
@@ -657,7 +753,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
     }
 #endif
     if (devices) {
-        int rc = apply_devices(a, devices);
+        int rc = parse_devices(a, devices);
         if (rc) return rc;
     }
     return 0;
@@ -777,19 +873,22 @@ int cmd_segment(int argc, char **argv)
         rc = enum_failed ? 1 : 0;
         goto out_plan;
     }
-    ms_engine *e = NULL;
-    if (cli_open_engine(&e, &a.eng, a.quiet)) {
+    int n_workers = a.n_devices > 0 ? a.n_devices : 1;
+    seg_worker *workers = calloc((size_t)n_workers, sizeof *workers);
+    if (!workers) {
+        cli_error("out of memory");
         rc = 1;
         goto out_plan;
     }
-    const ms_config *cfg = engine_config(e);
+    rc = open_engines(workers, n_workers, &a);
+    if (rc) goto out_workers;
+    const ms_config *cfg = engine_config(workers[0].e);
     if (a.heatmaps && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
                           MS_ATTN_MITA) {
         cli_error("segment: --heatmaps draws MiTA expert selections, but this run uses full "
                   "attention (add --attention mita)");
-        engine_free(e);
         rc = 2;
-        goto out_plan;
+        goto out_workers;
     }
 
     seg_run r;
@@ -801,12 +900,26 @@ int cmd_segment(int argc, char **argv)
     r.tty = isatty(STDERR_FILENO);
     r.total += enum_failed;
     r.failed = enum_failed;
-    int depth = a.batch > 2 ? a.batch : 2; /* images decoded ahead / written behind */
-    if (queue_init(&r.read_q, depth) || queue_init(&r.write_q, depth)) {
+    /* Decoded ahead / written behind: a batch per engine, so the next batches
+     * are ready when an engine finishes one. */
+    int depth = a.batch * n_workers > 2 ? a.batch * n_workers : 2;
+    bool queues = queue_init(&r.read_q, depth) == 0;
+    if (!queues || queue_init(&r.write_q, depth)) {
+        if (queues) queue_free(&r.read_q);
         cli_error("out of memory");
-        engine_free(e);
         rc = 1;
-        goto out_plan;
+        goto out_workers;
+    }
+    for (int i = 0; i < n_workers; i++) {
+        workers[i].r = &r;
+        workers[i].res = calloc((size_t)a.batch, sizeof *workers[i].res);
+        if (!workers[i].res) {
+            cli_error("out of memory");
+            queue_free(&r.read_q);
+            queue_free(&r.write_q);
+            rc = 1;
+            goto out_workers;
+        }
     }
 #ifdef MS_HAVE_VIEWER
     /* Without the font the strip is drawn without labels. */
@@ -817,28 +930,18 @@ int cmd_segment(int argc, char **argv)
     pthread_t reader, writer;
     bool have_reader = pthread_create(&reader, NULL, reader_main, &r) == 0;
     bool have_writer = have_reader && pthread_create(&writer, NULL, writer_main, &r) == 0;
-    if (!have_writer) {
+    int started = 0;
+    for (int i = 0; i < n_workers && have_writer; i++)
+        started += workers[i].started =
+            pthread_create(&workers[i].thread, NULL, worker_main, &workers[i]) == 0;
+    if (!have_writer || started == 0) {
         cli_error("cannot start threads");
         g_stop = 1;
+        if (have_reader) /* drain, so the reader is never stuck on a full queue */
+            for (job *j; (j = queue_get(&r.read_q)) != NULL;) job_free(j);
     }
-    ms_result res;
-    memset(&res, 0, sizeof res);
-    job *j;
-    while (have_reader && (j = queue_get(&r.read_q)) != NULL) {
-        if (g_stop || !have_writer) { /* interrupted: drop what is not started */
-            job_free(j);
-            continue;
-        }
-        if (j->kind == JOB_RUN) {
-            if (segment_one(j, e, &res, &a) != MS_OK) job_fail(j, ms_last_error());
-            if (!a.overlay && !a.heatmaps && j->kind == JOB_RUN) {
-                /* only the size is needed from here on */
-                free(j->img.rgb);
-                j->img.rgb = NULL;
-            }
-        }
-        queue_put(&r.write_q, j);
-    }
+    for (int i = 0; i < n_workers; i++)
+        if (workers[i].started) pthread_join(workers[i].thread, NULL);
     queue_close(&r.write_q);
     if (have_reader) pthread_join(reader, NULL);
     if (have_writer) pthread_join(writer, NULL);
@@ -853,14 +956,20 @@ int cmd_segment(int argc, char **argv)
         if (g_stop) fprintf(stderr, ", %d not started", not_started);
         fprintf(stderr, " in %.1f s (%.1f images/s)\n", el, el > 0 ? r.done / el : 0.0);
     }
-    result_free(&res);
     queue_free(&r.read_q);
     queue_free(&r.write_q);
-    engine_free(e);
 #ifdef MS_HAVE_VIEWER
     if (r.font) viz_font_free(r.font);
 #endif
-    rc = !have_writer ? 1 : g_stop ? 130 : r.failed ? 1 : 0;
+    rc = !have_writer || started == 0 ? 1 : g_stop ? 130 : r.failed ? 1 : 0;
+out_workers:
+    for (int i = 0; i < n_workers; i++) {
+        if (workers[i].res)
+            for (int b = 0; b < a.batch; b++) result_free(&workers[i].res[b]);
+        free(workers[i].res);
+        engine_free(workers[i].e);
+    }
+    free(workers);
 out_plan:
     plan_free(&plan);
     free(a.inputs);

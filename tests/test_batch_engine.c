@@ -17,16 +17,30 @@
  * op). Measured here: at most 5e-7 of the largest logit (0 for B=1); 1e-5
  * still catches a wrong slice or stride, which moves logits at the 1e-1 level. */
 #define BATCH_TOL 1e-5
+/* On CUDA (FP32 GEMMs) cuBLAS may also pick another algorithm, split-K
+ * included, for the taller matrices; still float32 rounding, but summed over
+ * more reorderings: 1e-4, and MiTA routes may then flip at near-ties, so up to
+ * 1% of route entries and routed sets may differ. */
+#define BATCH_TOL_CUDA 1e-4
 
 static const char *const models[] = {"mita_d.model.safetensors", "full_none.model.safetensors"};
 
-static ms_engine *open_engine(const char *name)
+/* NULL (and a note) when CUDA is asked for but not usable here. */
+static ms_engine *open_engine_on(const char *name, ms_device_choice dev)
 {
-    ms_engine_options eo = {.device = MS_DEV_CPU, .threads = 2};
+    ms_engine_options eo = {.device = dev, .threads = 2, .fp32 = true};
     ms_engine *e = NULL;
-    ck_assert_msg(engine_init(&e, fixture_path(name), &eo) == MS_OK, "%s", ms_last_error());
+    ms_status st = engine_init(&e, fixture_path(name), &eo);
+    if (dev == MS_DEV_CUDA && st == MS_ERR_UNSUPPORTED) {
+        fprintf(stderr, "note: no CUDA here (%s); the GPU batch case is not run\n",
+                ms_last_error());
+        return NULL;
+    }
+    ck_assert_msg(st == MS_OK, "%s", ms_last_error());
     return e;
 }
+
+static ms_engine *open_engine(const char *name) { return open_engine_on(name, MS_DEV_CPU); }
 
 static void make_image(ms_image *img, int w, int h, uint32_t seed)
 {
@@ -58,10 +72,12 @@ static int cmp_i32(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
-/* got equals want as engine_run's result: geometry, logits within BATCH_TOL,
+/* got equals want as engine_run's result: geometry, logits within tol,
  * masks equal except where the top two logits are within the tolerance, and
- * the MiTA records (routed index sets, routes) equal. */
-static void assert_same_result(const ms_result *got, const ms_result *want, const char *what)
+ * the MiTA records (routed index sets, routes) equal but for a fraction
+ * rec_slack of them. */
+static void assert_same_result(const ms_result *got, const ms_result *want, double tol,
+                               double rec_slack, const char *what)
 {
     ck_assert_int_eq(got->h, want->h);
     ck_assert_int_eq(got->w, want->w);
@@ -70,11 +86,10 @@ static void assert_same_result(const ms_result *got, const ms_result *want, cons
     size_t px = (size_t)want->h * want->w, nl = (size_t)want->classes * px;
     double scale = max_abs(want->logits, nl), diff = max_abs_diff(got->logits, want->logits, nl);
     ck_assert_msg(scale > 0, "%s: all-zero logits", what);
-    ck_assert_msg(diff <= BATCH_TOL * scale, "%s: logits differ by %g (largest %g)", what, diff,
-                  scale);
+    ck_assert_msg(diff <= tol * scale, "%s: logits differ by %g (largest %g)", what, diff, scale);
     for (size_t p = 0; p < px; p++)
         if (got->mask[p] != want->mask[p])
-            ck_assert_msg(top2_gap(want->logits, want->classes, px, p) <= 2 * BATCH_TOL * scale,
+            ck_assert_msg(top2_gap(want->logits, want->classes, px, p) <= 2 * tol * scale,
                           "%s: mask differs at pixel %zu away from a tie", what, p);
     ck_assert_int_eq(!!got->topk_idx, !!want->topk_idx);
     if (!want->topk_idx) return;
@@ -83,6 +98,7 @@ static void assert_same_result(const ms_result *got, const ms_result *want, cons
     ck_assert_int_eq(memcmp(got->layer_mita, want->layer_mita, (size_t)want->depth), 0);
     size_t sets = (size_t)want->depth * want->heads * want->m, k = (size_t)want->k;
     int32_t *a = malloc(k * sizeof *a), *b = malloc(k * sizeof *b);
+    size_t set_diff = 0;
     for (size_t s = 0; s < sets; s++) {
         /* one expert's routed positions, compared as sets (order among equal
          * scores is not part of the contract) */
@@ -90,20 +106,27 @@ static void assert_same_result(const ms_result *got, const ms_result *want, cons
         memcpy(b, want->topk_idx + s * k, k * sizeof *b);
         qsort(a, k, sizeof *a, cmp_i32);
         qsort(b, k, sizeof *b, cmp_i32);
-        ck_assert_msg(!memcmp(a, b, k * sizeof *a), "%s: topk set %zu differs", what, s);
+        set_diff += memcmp(a, b, k * sizeof *a) != 0;
     }
     free(a);
     free(b);
-    size_t nr = (size_t)want->depth * want->heads * want->n;
-    ck_assert_msg(!memcmp(got->route, want->route, nr * sizeof(int32_t)), "%s: routes differ",
-                  what);
+    ck_assert_msg((double)set_diff <= rec_slack * (double)sets, "%s: %zu of %zu topk sets differ",
+                  what, set_diff, sets);
+    size_t nr = (size_t)want->depth * want->heads * want->n, route_diff = 0;
+    for (size_t i = 0; i < nr; i++) route_diff += got->route[i] != want->route[i];
+    ck_assert_msg((double)route_diff <= rec_slack * (double)nr, "%s: %zu of %zu routes differ",
+                  what, route_diff, nr);
 }
 
 /* B = 1, 2, 3 images of one size against each image run alone; odd sizes so
- * the models' resize and padding paths run. */
-START_TEST(test_batch_matches_single)
+ * the models' resize and padding paths run. On the CPU the records must be
+ * identical. */
+static void check_batch_matches_single(const char *model, ms_device_choice dev)
 {
-    ms_engine *e = open_engine(models[_i]);
+    ms_engine *e = open_engine_on(model, dev);
+    if (!e) return;
+    double tol = dev == MS_DEV_CUDA ? BATCH_TOL_CUDA : BATCH_TOL;
+    double slack = dev == MS_DEV_CUDA ? 0.01 : 0.0;
     ms_run_options ro = {.attention = -1, .record = true};
     enum { MAXB = 3, W = 45, H = 37 };
     ms_image img[MAXB];
@@ -126,8 +149,9 @@ START_TEST(test_batch_matches_single)
         ck_assert_msg(engine_run_batch(e, res, ptrs, B, &ro) == MS_OK, "%s", ms_last_error());
         for (int b = 0; b < B; b++) {
             char what[96];
-            snprintf(what, sizeof what, "%s B=%d image %d", models[_i], B, b);
-            assert_same_result(&res[b], &single[b], what);
+            snprintf(what, sizeof what, "%s %s B=%d image %d", model,
+                     dev == MS_DEV_CUDA ? "cuda" : "cpu", B, b);
+            assert_same_result(&res[b], &single[b], tol, slack, what);
         }
         /* The second batch of this size and count reuses the plan and the
          * results' buffers, and gives the same bytes. */
@@ -145,6 +169,18 @@ START_TEST(test_batch_matches_single)
         free(img[b].rgb);
     }
     engine_free(e);
+}
+
+START_TEST(test_batch_matches_single)
+{
+    check_batch_matches_single(models[_i], MS_DEV_CPU);
+}
+END_TEST
+
+/* The same on a GPU where there is one (the device check runs this). */
+START_TEST(test_batch_matches_single_cuda)
+{
+    check_batch_matches_single(models[_i], MS_DEV_CUDA);
 }
 END_TEST
 
@@ -223,6 +259,8 @@ int main(void)
     TCase *tc = tcase_create("batch_engine");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_batch_matches_single, 0, (int)(sizeof models / sizeof models[0]));
+    tcase_add_loop_test(tc, test_batch_matches_single_cuda, 0,
+                        (int)(sizeof models / sizeof models[0]));
     tcase_add_test(tc, test_batch_rejects);
     tcase_add_test(tc, test_batch_trace);
     suite_add_tcase(s, tc);

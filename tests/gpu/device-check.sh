@@ -17,6 +17,7 @@ REPORT=$OUT/report.txt
 : >"$REPORT"
 T0=$(date +%s)
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
+export MS_FIXTURES="$ROOT/tests/fixtures" OMP_WAIT_POLICY=PASSIVE
 JOBS=$(nproc 2>/dev/null || echo 2)
 BUILD=$ROOT/${MS_GPU_BUILD:-build-gpu}
 STATUS=0
@@ -151,6 +152,12 @@ fi
 run test_kernel_math 120 "$BUILD/test_kernel_math"
 rc=$?
 log "test_kernel_math: $([ $rc = 0 ] && echo pass || echo "FAIL (rc $rc)"): $(grep -E '^[0-9]+%' "$OUT/logs/test_kernel_math.log")"
+[ $rc = 0 ] || STATUS=1
+
+# The batched forward on the GPU against single-image runs (and the CPU).
+run test_batch_engine 120 "$BUILD/test_batch_engine"
+rc=$?
+log "test_batch_engine: $([ $rc = 0 ] && echo pass || echo "FAIL (rc $rc)"): $(grep -E '^[0-9]+%' "$OUT/logs/test_batch_engine.log")"
 [ $rc = 0 ] || STATUS=1
 
 run test_backend 240 "$BUILD/test_backend"
