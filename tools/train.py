@@ -203,6 +203,9 @@ def main():
     ap.add_argument("--val-every", type=int, default=None)
     ap.add_argument("--max-steps", type=int, default=0, help="stop each epoch after N steps (timing tests)")
     ap.add_argument("--no-val", action="store_true")
+    ap.add_argument("--init-model", default=None,
+                    help="start from a mitaseg model file (e.g. the shipped default model) with the "
+                         "same architecture: continues training without a checkpoint; ignored with --resume")
     ap.add_argument("--init-backbone", default=None,
                     help="start the backbone from a `convert.py timm` file (ignored with --resume)")
     args = ap.parse_args()
@@ -235,6 +238,14 @@ def main():
             nn.init.trunc_normal_(m.weight, std=0.02)
             nn.init.zeros_(m.bias)
     nn.init.trunc_normal_(model.backbone.pos_embed, std=0.02)
+    if args.init_model and not args.resume:
+        src = R.load_model(args.init_model)
+        want = model.state_dict()
+        for k, v in src.state_dict().items():
+            if k not in want or want[k].shape != v.shape:
+                raise SystemExit("%s: tensor %s does not fit the config's model" % (args.init_model, k))
+        model.load_state_dict(src.state_dict())
+        log_line(args.out, "# model from %s" % args.init_model)
     if args.init_backbone and not args.resume:
         import convert
         loaded, skipped = convert.init_backbone(model, args.init_backbone)

@@ -188,6 +188,29 @@ class TestTrainResumeExport(unittest.TestCase):
             self.assertEqual(tuple(mask.shape), (64, 96))
 
 
+class TestInitModel(unittest.TestCase):
+    """train.py --init-model FILE continues from a model file (no checkpoint):
+    with lr 0 the first checkpoint holds the file's weights (BatchNorm running
+    statistics excepted: a training-mode forward updates them)."""
+
+    def test_init_model(self):
+        with tempfile.TemporaryDirectory() as root:
+            make_dataset(os.path.join(root, "data"), n_train=2, n_val=1)
+            torch.manual_seed(1)
+            src = R.MitaSeg(MODEL)
+            path = os.path.join(root, "init.safetensors")
+            R.save_model(src, path)
+            config = os.path.join(root, "tiny.json")
+            with open(config, "w") as f:
+                json.dump({"model": MODEL, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
+            run_tool("train.py", "--config", config, "--out", os.path.join(root, "run"), "--epochs", 1,
+                     "--no-val", "--init-model", path)
+            got = torch.load(os.path.join(root, "run", "last.pt"))["model"]
+            for k, v in R.model_tensors(src).items():
+                if not k.endswith(("running_mean", "running_var")):
+                    self.assertTrue(torch.equal(got[k], v), k)
+
+
 def train_has_flag(flag):
     with open(os.path.join(TOOLS_DIR, "train.py")) as f:
         return ('"%s"' % flag) in f.read()
