@@ -8,30 +8,7 @@
 # without Python 3 with PIL and numpy (used to make and check images).
 set -u
 
-BIN=${MS_BIN:?MS_BIN must name the mitaseg binary}
-FIX=${MS_FIXTURES:-$(dirname "$0")/fixtures}
-PY=${MS_PYTHON:-/usr/bin/python3}
-HELPER=$(cd "$(dirname "$0")" && pwd)/e2e_images.py
-MODEL=${MS_TEST_MODEL:-}
-if [ -z "$MODEL" ]; then
-    for m in "$FIX"/tiny.model.safetensors "$FIX"/mita_d.model.safetensors "$FIX"/*.model.safetensors; do
-        [ -f "$m" ] && { MODEL=$m; break; }
-    done
-fi
-[ -n "$MODEL" ] && [ -e "$MODEL" ] || { echo "skip: no fixture model in $FIX"; exit 77; }
-"$PY" -c 'import PIL, numpy' 2>/dev/null || { echo "skip: $PY lacks PIL/numpy"; exit 77; }
-MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
-export MITASEG_MODEL=$MODEL
-
-T=$(mktemp -d /tmp/ms_e2e_segment.XXXXXX)
-trap 'rm -rf "$T"' EXIT
-cd "$T" || exit 1
-fails=0
-pass=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL $*"; }
-# check NAME CMD...: CMD must succeed
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+. "$(dirname "$0")/common_e2e.sh"
 seg() { "$BIN" segment --threads 1 "$@"; }
 
 # ---- helpers in Python (tests/e2e_images.py): make inputs, check outputs ----

@@ -26,28 +26,6 @@ static void teardown(void) { test_dir_remove(); }
 #define dir test_dir
 #define assert_error assert_error_names
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
-    ck_assert_int_eq(fclose(f), 0);
-}
-
-static uint8_t *read_bytes(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    rewind(f);
-    uint8_t *p = malloc(*n + 1);
-    ck_assert_ptr_nonnull(p);
-    ck_assert_uint_eq(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
-}
-
 /* "__metadata__":{...} as a JSON member (no braces), config escaped by cJSON. */
 static char *meta_member(const char *format, const char *version, const char *config)
 {

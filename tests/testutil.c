@@ -87,3 +87,25 @@ void assert_error_names(const char *path, const char *what)
                   "message does not start with the path: %s", m);
     if (what) ck_assert_msg(strstr(m, what) != NULL, "expected '%s' in: %s", what, m);
 }
+
+void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(p, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+uint8_t *read_bytes(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    rewind(f);
+    uint8_t *p = malloc(*n + 1);
+    ck_assert_ptr_nonnull(p);
+    ck_assert_uint_eq(fread(p, 1, *n, f), *n);
+    fclose(f);
+    return p;
+}

@@ -23,6 +23,10 @@ const char *test_path(const char *name);
 /* The last error message starts with "path:" and (if what) contains what. */
 void assert_error_names(const char *path, const char *what);
 
+/* Whole-file write and read, checked; read_bytes' buffer has a spare byte. */
+void write_bytes(const char *path, const void *p, size_t n);
+uint8_t *read_bytes(const char *path, size_t *n);
+
 /* Runs a suite with Check, returns the process exit code. */
 int run_suite(Suite *s);
 
