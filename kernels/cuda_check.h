@@ -11,7 +11,8 @@
 
 #include "cuda_ctx.h"
 
-struct lt_cache; /* linear.cu */
+struct lt_cache;     /* linear.cu */
+struct bf16_weights; /* linear.cu */
 
 struct ms_cuda_ctx {
     int device;
@@ -26,10 +27,14 @@ struct ms_cuda_ctx {
     size_t workspace_bytes;
     char name[320];
     struct lt_cache *lt_cache; /* cuBLASLt plans by shape, linear.cu */
+    struct bf16_weights *bf16_w; /* BF16 copies of linear weights, linear.cu */
 };
 
 /* Frees linear.cu's cuBLASLt plan cache (cuda_ctx_free). */
 void linear_cuda_cache_free(ms_cuda_ctx *cu);
+/* Frees linear.cu's BF16 weight copies (cuda_ctx_free,
+ * cuda_ctx_forget_weights); the caller has synchronised the stream. */
+void linear_cuda_weights_free(ms_cuda_ctx *cu);
 
 /* Device memory exhaustion is an OOM, everything else a CUDA error. */
 static inline ms_status ms_cuda_status(cudaError_t e)

@@ -86,6 +86,7 @@ extern "C" void cuda_ctx_free(ms_cuda_ctx *cu)
     if (!cu) return;
     if (cu->stream) (void)cudaStreamSynchronize(cu->stream);
     linear_cuda_cache_free(cu);
+    linear_cuda_weights_free(cu);
     if (cu->workspace) (void)cudaFree(cu->workspace);
     if (cu->dnn) (void)cudnnDestroy(cu->dnn);
     if (cu->lt) (void)cublasLtDestroy(cu->lt);
@@ -97,6 +98,15 @@ extern "C" void cuda_ctx_free(ms_cuda_ctx *cu)
 extern "C" ms_status cuda_ctx_use(ms_cuda_ctx *cu)
 {
     CUDA_CHECK(cudaSetDevice(cu->device));
+    return MS_OK;
+}
+
+extern "C" ms_status cuda_ctx_forget_weights(ms_cuda_ctx *cu)
+{
+    /* the stream may still read the copies (cudaFree would also wait, but
+     * reports no kernel error) */
+    CUDA_CHECK(cudaStreamSynchronize(cu->stream));
+    linear_cuda_weights_free(cu);
     return MS_OK;
 }
 

@@ -22,6 +22,12 @@ void cuda_ctx_free(ms_cuda_ctx *cu);
  * current device is per thread, 0 in a new thread), so a context on GPU 1
  * can be used from a thread that did not create it. */
 ms_status cuda_ctx_use(ms_cuda_ctx *cu);
+/* Drops the cached BF16 copies of linear weights (op_linear outside FP32
+ * mode converts each weight once, keyed by pointer and shape, assuming it
+ * never changes) and frees their device memory, after waiting for the
+ * stream. For callers that free or rewrite weights while the context lives
+ * (tests); an engine's weights live as long as its context. */
+ms_status cuda_ctx_forget_weights(ms_cuda_ctx *cu);
 /* "NVIDIA H200 (sm_90, 139 GiB)". */
 const char *cuda_ctx_name(const ms_cuda_ctx *cu);
 

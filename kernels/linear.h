@@ -3,6 +3,8 @@
 #define MS_LINEAR_H
 
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "ops.h"
 
@@ -19,6 +21,25 @@ MS_HD float act_apply(float x, ms_act act)
     return x;
 }
 
+/* FP32 -> BF16 bits, round to nearest, ties to even (as __float2bfloat16_rn
+ * and PyTorch's conversion): adding 0x7FFF plus the kept part's lowest bit
+ * carries into bit 16 exactly when the dropped half is above the tie, or at
+ * the tie with an odd kept part; a carry out of the largest finite values
+ * gives infinity, as IEEE rounding does. Subnormals need no special case
+ * (BF16 has FP32's exponent range). NaN stays NaN with its sign: the quiet
+ * bit is set, since the payload may lie only in the dropped bits. */
+MS_HD uint16_t bf16_from_f32(float x)
+{
+    uint32_t u;
+#ifdef __CUDA_ARCH__
+    u = __float_as_uint(x);
+#else
+    memcpy(&u, &x, sizeof u);
+#endif
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,9 +50,16 @@ void linear_cpu(float *out /* (n, cout) */, const float *in /* (n, cin) */,
                 int n, int cin, int cout, ms_act act, bool residual);
 
 #ifdef MS_HAVE_CUDA
+/* Scratch for linear_cuda: the BF16 copy of the input outside FP32 mode
+ * (none in FP32 mode). */
+size_t linear_cuda_scratch_bytes(int n, int cin, bool fp32);
+/* Outside FP32 mode the GEMM reads a BF16 copy of w, made on its first use
+ * and cached in the CUDA context by (w, cout, cin): w must not change while
+ * the context lives (model weights do not), or call cuda_ctx_forget_weights.
+ * ws: linear_cuda_scratch_bytes bytes, 256-byte aligned (arena). */
 ms_status linear_cuda(ms_backend *be, float *out /* (n, cout) */, const float *in /* (n, cin) */,
                       const float *w /* (cout, cin) */, const float *b /* (cout) or NULL */,
-                      int n, int cin, int cout, ms_act act, bool residual);
+                      int n, int cin, int cout, ms_act act, bool residual, void *ws);
 #endif
 
 #ifdef __cplusplus

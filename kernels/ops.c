@@ -88,12 +88,23 @@ ms_status op_linear(ms_backend *be, float *out, const float *in, const float *w,
         return BAD_SIZES(__func__, "n=%d cin=%d cout=%d", n, cin, cout);
     if (residual && act != MS_ACT_NONE)
         return ms_error(MS_ERR_ARG, "%s: a residual linear takes no activation", __func__);
-    if (be->dry_run) return MS_OK;
     if (be->device == MS_DEVICE_CPU) {
-        linear_cpu(out, in, w, b, n, cin, cout, act, residual);
+        if (!be->dry_run) linear_cpu(out, in, w, b, n, cin, cout, act, residual);
         return MS_OK;
     }
-    ON_CUDA(linear_cuda(be, out, in, w, b, n, cin, cout, act, residual));
+    op_scratch s; /* CUDA: the input's BF16 copy outside FP32 mode */
+    MS_TRY(scratch_take(be, &s, CUDA_BYTES(linear_cuda_scratch_bytes(n, cin, be->fp32)),
+                        __func__));
+    ms_status st = MS_OK;
+    if (!be->dry_run) {
+#ifdef MS_HAVE_CUDA
+        st = linear_cuda(be, out, in, w, b, n, cin, cout, act, residual, s.ptr);
+#else
+        st = no_cuda(__func__);
+#endif
+    }
+    scratch_give_back(be, &s);
+    return st;
 }
 
 ms_status op_layernorm(ms_backend *be, float *out, const float *in, const float *w,

@@ -14,7 +14,9 @@ extern "C" {
 typedef enum { MS_ACT_NONE = 0, MS_ACT_RELU = 1, MS_ACT_GELU = 2 } ms_act;
 
 /* Linear layer: out = act(in @ w^T + b), or with residual: out += in @ w^T + b
- * (act must then be NONE). b may be NULL. */
+ * (act must then be NONE). b may be NULL. On CUDA outside FP32 mode the
+ * context caches a BF16 copy of w by address: weights must not change while
+ * the context lives (cuda_ctx_forget_weights drops the copies). */
 ms_status op_linear(ms_backend *be,
                     float *out,        /* (n, cout) */
                     const float *in,   /* (n, cin) */

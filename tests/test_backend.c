@@ -22,8 +22,9 @@
  * relative error is meaningless near zeros).
  * FP32: 1e-4 (the issue's bound; only summation orders differ, ~1e-6 seen
  * in the CPU emulation of the kernels).
- * Tensor-core mode, GEMM ops (linear, conv_transpose2x2): operands rounded
- * to BF16 (unit roundoff 2^-8 = 3.9e-3); a dot product's rounding errors of
+ * Tensor-core mode, GEMM ops (linear: operands stored in BF16;
+ * conv_transpose2x2: rounded to BF16 by cuBLAS; the same rounding either
+ * way, unit roundoff 2^-8 = 3.9e-3, FP32 accumulation); a dot product's rounding errors of
  * the two operands (~2u per term, random signs) grow like its value's sqrt(K)
  * random-walk, so the normwise error is ~2u = 8e-3: 3e-2 leaves a margin
  * for the maximum over many outputs. conv2d in that mode uses TF32
@@ -108,6 +109,40 @@ static void check_close(const float *got, const float *ref, size_t n, double tol
 /* Runs one float-output op on both backends: cpu_call/gpu_call fill out. */
 #define BOTH_MODES for (int mode = 0; mode < 2; mode++)
 
+/* Outside FP32 mode the BF16 copy of a weight is made once, at its first
+ * use, and kept (weights do not change while an engine lives): rewriting the
+ * weight in place still gives the old product, FP32 mode (no copy) the new
+ * one at once, and after cuda_ctx_forget_weights the BF16 mode too. The two
+ * random weights differ by O(1) per entry, far beyond the tolerances. */
+static void linear_weight_cache_case(const float *din, float *dw, const float *db, float *dout,
+                                     const float *in /* (n, cin) */, const float *b, int n,
+                                     int cin, int cout)
+{
+    size_t no = (size_t)n * cout, nw = (size_t)cout * cin;
+    float *w1 = malloc(nw * sizeof(float)), *w2 = hrand(nw, 40, -1, 1);
+    float *ref1 = malloc(no * sizeof(float)), *ref2 = malloc(no * sizeof(float));
+    float *got = hpoison(no);
+    ck_assert_ptr_nonnull(w1);
+    ck_assert_ptr_nonnull(ref1);
+    ck_assert_ptr_nonnull(ref2);
+    dget(w1, dw, nw * sizeof(float));
+    ms_backend cb = cpu_be(), bf = gpu_be(false), f32 = gpu_be(true);
+    OK(op_linear(&cb, ref1, in, w1, b, n, cin, cout, MS_ACT_NONE, false));
+    OK(op_linear(&cb, ref2, in, w2, b, n, cin, cout, MS_ACT_NONE, false));
+    OK(cuda_copy_h2d(g_cu, dw, w2, nw * sizeof(float)));
+    OK(op_linear(&bf, dout, din, dw, db, n, cin, cout, MS_ACT_NONE, false));
+    dget(got, dout, no * sizeof(float));
+    check_close(got, ref1, no, TOL_BF16, "linear bf16, weight rewritten: cached copy");
+    OK(op_linear(&f32, dout, din, dw, db, n, cin, cout, MS_ACT_NONE, false));
+    dget(got, dout, no * sizeof(float));
+    check_close(got, ref2, no, TOL_FP32, "linear fp32, weight rewritten");
+    OK(cuda_ctx_forget_weights(g_cu));
+    OK(op_linear(&bf, dout, din, dw, db, n, cin, cout, MS_ACT_NONE, false));
+    dget(got, dout, no * sizeof(float));
+    check_close(got, ref2, no, TOL_BF16, "linear bf16 after cuda_ctx_forget_weights");
+    free(w1); free(w2); free(ref1); free(ref2); free(got);
+}
+
 START_TEST(test_linear)
 {
     const int shapes[][3] = {{1, 1, 1}, {7, 13, 5}, {65, 96, 130}, {197, 384, 1152}};
@@ -130,6 +165,7 @@ START_TEST(test_linear)
                     BOTH_MODES
                     {
                         ms_backend gb = gpu_be(mode == 0);
+                        size_t smark = arena_mark(&g_scratch);
                         memcpy(ref, res, (size_t)n * cout * sizeof(float));
                         OK(cuda_copy_h2d(g_cu, dout, res, (size_t)n * cout * sizeof(float)));
                         OK(op_linear(&cb, ref, in, w, withb ? b : NULL, n, cin, cout,
@@ -141,10 +177,30 @@ START_TEST(test_linear)
                         snprintf(what, sizeof what, "linear %dx%dx%d act %d b %d res %d %s", n,
                                  cin, cout, act, withb, resid, mode ? "bf16" : "fp32");
                         check_close(got, ref, (size_t)n * cout, mode ? TOL_BF16 : TOL_FP32, what);
+                        /* the op gives its scratch (the BF16 input) back */
+                        ck_assert_uint_eq(arena_mark(&g_scratch), smark);
                     }
                 }
+        if (si == 2) linear_weight_cache_case(din, dw, db, dout, in, b, n, cin, cout);
+        /* the next shape's weights may land at dw: drop its BF16 copy */
+        OK(cuda_ctx_forget_weights(g_cu));
         free(in); free(w); free(b); free(res); free(ref); free(got);
         arena_reset(&g_dev, mark);
+    }
+    /* The engine's dry run counts the scratch: the input's BF16 copy outside
+     * FP32 mode (256-byte aligned, as every arena block), none in FP32 mode. */
+    for (int mode = 0; mode < 2; mode++) {
+        ms_arena sizing;
+        memset(&sizing, 0, sizeof sizing);
+        sizing.device = MS_DEVICE_CUDA;
+        arena_begin_sizing(&sizing);
+        ms_backend gb = gpu_be(mode == 0);
+        gb.scratch = &sizing;
+        gb.dry_run = true;
+        OK(op_linear(&gb, NULL, NULL, NULL, NULL, 197, 385, 7, MS_ACT_NONE, false));
+        ck_assert_uint_eq(sizing.high, mode ? (197 * 385 * 2 + 255) / 256 * 256 : 0);
+        ck_assert_uint_eq(sizing.used, 0);
+        arena_free(&sizing);
     }
 }
 END_TEST

@@ -12,6 +12,7 @@
 
 #include "kernels/conv.h"
 #include "kernels/image_cuda_math.h"
+#include "kernels/linear.h"
 #include "kernels/mita_cuda_math.h"
 #include "kernels/ops.h"
 #include "tests/testutil.h"
@@ -483,6 +484,92 @@ START_TEST(test_convt_scatter)
 }
 END_TEST
 
+/* ---- f32_to_bf16_kernel (linear's BF16 operands): bf16_from_f32 ---- */
+
+static float f32_of_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Independent reference for finite and infinite x: the two BF16 neighbours
+ * of |x| by exact distance (doubles hold both values and their difference
+ * exactly), the nearer one, at a tie the one with an even last mantissa
+ * bit. Above the largest finite BF16 the upper neighbour is 2^128, whose
+ * bits are infinity's: IEEE's overflow rule under round-to-nearest-even. */
+static uint16_t bf16_reference(uint32_t u)
+{
+    float x = f32_of_bits(u);
+    if (isinf(x)) return (uint16_t)(u >> 16);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint16_t lo = (uint16_t)((u & 0x7FFFFFFFu) >> 16); /* truncation: |lo| <= |x| */
+    double ax = fabs((double)x), vlo = (double)f32_of_bits((uint32_t)lo << 16);
+    int e = (lo >> 7) & 0xFF; /* the binade's spacing; subnormals share e = 1's */
+    double vhi = vlo + ldexp(1.0, (e ? e : 1) - 127 - 7);
+    uint16_t hi = (uint16_t)(lo + 1);
+    double dlo = ax - vlo, dhi = vhi - ax;
+    uint16_t r = dlo < dhi ? lo : (dhi < dlo ? hi : ((lo & 1) ? hi : lo));
+    return (uint16_t)(r | sign);
+}
+
+static void check_bf16(uint32_t u)
+{
+    uint16_t got = bf16_from_f32(f32_of_bits(u));
+    if (isnan(f32_of_bits(u))) { /* any NaN, same sign */
+        ck_assert_msg((got & 0x7F80u) == 0x7F80u && (got & 0x7Fu) != 0 &&
+                          (got & 0x8000u) == ((u >> 16) & 0x8000u),
+                      "bf16(NaN %08x) = %04x", u, got);
+        return;
+    }
+    uint16_t want = bf16_reference(u);
+    ck_assert_msg(got == want, "bf16(%08x = %a) = %04x, want %04x", u, (double)f32_of_bits(u),
+                  got, want);
+}
+
+START_TEST(test_bf16_round)
+{
+    /* hand-checked cases: ties to even, subnormals, overflow, NaN */
+    const struct { uint32_t in; uint16_t out; } fixed[] = {
+        {0x00000000u, 0x0000}, {0x80000000u, 0x8000}, {0x3F800000u, 0x3F80},
+        {0x3F808000u, 0x3F80}, /* 1 + 2^-8: tie, kept part even: down */
+        {0x3F818000u, 0x3F82}, /* tie, kept part odd: up */
+        {0x3F808001u, 0x3F81}, {0x3F807FFFu, 0x3F80}, {0xBF818000u, 0xBF82},
+        {0x00000001u, 0x0000}, /* smallest subnormal */
+        {0x00008000u, 0x0000}, {0x00018000u, 0x0002}, {0x00008001u, 0x0001},
+        {0x007FFFFFu, 0x0080}, /* largest subnormal rounds up to the smallest normal */
+        {0x807FFFFFu, 0x8080},
+        {0x7F7FFFFFu, 0x7F80}, /* FLT_MAX overflows to infinity */
+        {0x7F7F8000u, 0x7F80}, /* tie above the largest finite BF16 (odd): infinity */
+        {0x7F7F7FFFu, 0x7F7F}, {0x7F800000u, 0x7F80}, {0xFF800000u, 0xFF80},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++) {
+        uint16_t got = bf16_from_f32(f32_of_bits(fixed[i].in));
+        ck_assert_msg(got == fixed[i].out, "bf16(%08x) = %04x, want %04x", fixed[i].in, got,
+                      fixed[i].out);
+        check_bf16(fixed[i].in); /* and the reference agrees with the hand values */
+        ck_assert_int_eq(bf16_reference(fixed[i].in), fixed[i].out);
+    }
+    const uint32_t nans[] = {0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0xFFFFFFFFu, 0xFF800001u,
+                             0x7F80FFFFu};
+    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) check_bf16(nans[i]);
+    /* every BF16 value's neighbourhood: exact, just below/at/above the tie,
+     * and the top of the interval, for all 65536 upper halves (every sign,
+     * exponent incl. subnormals, infinities and NaNs) */
+    const uint32_t lows[] = {0x0000u, 0x0001u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu};
+    for (uint32_t hi = 0; hi < 0x10000u; hi++)
+        for (size_t j = 0; j < sizeof lows / sizeof lows[0]; j++) check_bf16(hi << 16 | lows[j]);
+    /* and random bit patterns */
+    uint32_t r = 0x2545F491u;
+    for (int i = 0; i < 200000; i++) {
+        r ^= r << 13;
+        r ^= r >> 17;
+        r ^= r << 5;
+        check_bf16(r);
+    }
+}
+END_TEST
+
 static Suite *kernel_math_suite(void)
 {
     Suite *s = suite_create("kernel_math");
@@ -495,6 +582,7 @@ static Suite *kernel_math_suite(void)
     tcase_add_test(tc, test_flash_query);
     tcase_add_test(tc, test_image_pixels);
     tcase_add_test(tc, test_convt_scatter);
+    tcase_add_test(tc, test_bf16_round);
     suite_add_tcase(s, tc);
     return s;
 }
