@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,6 +21,18 @@ extern "C" {
 #else
 #define MS_HD static inline
 #endif
+
+/* The bits of a float, in host and device code alike. */
+MS_HD uint32_t ms_float_bits(float x)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
 
 typedef enum {
     MS_OK = 0,

@@ -30,12 +30,7 @@ MS_HD float act_apply(float x, ms_act act)
  * bit is set, since the payload may lie only in the dropped bits. */
 MS_HD uint16_t bf16_from_f32(float x)
 {
-    uint32_t u;
-#ifdef __CUDA_ARCH__
-    u = __float_as_uint(x);
-#else
-    memcpy(&u, &x, sizeof u);
-#endif
+    uint32_t u = ms_float_bits(x);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u);
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }

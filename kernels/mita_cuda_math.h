@@ -45,12 +45,7 @@ MS_HD float mita_landmark_value(const float *qkv /* (hp*wp, 3c) */, int hp, int 
 MS_HD uint32_t topk_key(float x)
 {
     if (x == 0.0f) x = 0.0f;
-    uint32_t u;
-#ifdef __CUDA_ARCH__
-    u = __float_as_uint(x);
-#else
-    memcpy(&u, &x, sizeof u);
-#endif
+    uint32_t u = ms_float_bits(x);
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

@@ -188,10 +188,15 @@ sleep 0.2
 save_now() {
     local before
     before=$(count_log '^saved ')
-    xdotool key s
-    for _ in $(seq 1 100); do
-        [ "$(count_log '^saved ')" -gt "$before" ] && break
-        sleep 0.1
+    # Without a window manager, focus follows the pointer: under load a key
+    # can arrive before the focus does, so press again if nothing was saved.
+    for _try in 1 2 3; do
+        xdotool key s
+        for _ in $(seq 1 50); do
+            [ "$(count_log '^saved ')" -gt "$before" ] && break 2
+            sleep 0.1
+        done
+        xdotool mousemove --window "$WIN" 20 20
     done
     [ "$(count_log '^saved ')" -gt "$before" ] || fail "S saved nothing"
     # "saved VIEW MASK"
