@@ -30,6 +30,8 @@ const char *cli_model_path(const cli_engine_args *a);
 /* Opens the engine; prints the error (and the auto fallback line) itself.
  * Returns 0 on success. */
 int cli_open_engine(ms_engine **e, const cli_engine_args *a, bool quiet);
+/* Monotonic clock in seconds, for timings and progress. */
+double cli_now_s(void);
 /* Prints "mitaseg: <message>" to stderr. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -19,6 +20,13 @@ const char cli_engine_help[] =
     "  --device cpu|cuda|auto  where to run (default auto: the GPU when usable)\n"
     "  --threads N             CPU threads (default: all cores)\n"
     "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n";
+
+double cli_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 void cli_error(const char *fmt, ...)
 {

@@ -171,13 +171,6 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* One pair into the matrix. */
 static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8_t **mask,
                            size_t *mask_cap, const pair *p, const ms_run_options *opt, int tile,
@@ -194,7 +187,7 @@ static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8
                       lw, lh, p->image, img.w, img.h);
     if (st == MS_OK) {
         const uint8_t *pred;
-        double t0 = now_s();
+        double t0 = cli_now_s();
         if (tile > 0) {
             size_t n = (size_t)img.w * img.h;
             if (n > *mask_cap) {
@@ -215,7 +208,7 @@ static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8
                 st = ms_error(MS_ERR_ARG, "engine returned %dx%d for a %dx%d image", res->w,
                               res->h, img.w, img.h);
         }
-        *ms_engine_total += (now_s() - t0) * 1e3;
+        *ms_engine_total += (cli_now_s() - t0) * 1e3;
         if (st == MS_OK) confusion_add(cm, lab, pred, (size_t)img.w * img.h);
     }
     free(lab);
@@ -328,7 +321,7 @@ int cmd_eval(int argc, char **argv)
     uint8_t *mask = NULL;
     size_t mask_cap = 0;
     int failed = 0, done = 0;
-    double ms_engine_total = 0, t0 = now_s(), last = 0;
+    double ms_engine_total = 0, t0 = cli_now_s(), last = 0;
     bool tty = isatty(STDERR_FILENO);
     for (int i = 0; i < n_all && !g_stop; i++) {
         if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &ea.run, tile, overlap,
@@ -344,7 +337,7 @@ int cmd_eval(int argc, char **argv)
         } else {
             done++;
         }
-        double el = now_s() - t0;
+        double el = cli_now_s() - t0;
         if (!quiet && (tty || el - last >= 5.0)) {
             double rate = el > 0 ? (i + 1) / el : 0;
             double eta = rate > 0 ? (n_all - i - 1) / rate : 0;
@@ -355,7 +348,7 @@ int cmd_eval(int argc, char **argv)
         }
     }
     if (tty && !quiet) fputs("\r\033[K", stderr);
-    double el = now_s() - t0;
+    double el = cli_now_s() - t0;
 
     ms_metrics m;
     rc = 0;

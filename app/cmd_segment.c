@@ -281,13 +281,6 @@ typedef struct {
     bool bar_shown;
 } seg_run;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static void fmt_eta(char *buf, size_t n, double s)
 {
     if (!(s >= 0) || s > 359999) {
@@ -311,7 +304,7 @@ static void show_progress(seg_run *r, bool final)
 {
     if (r->a->quiet) return;
     int processed = r->done + r->failed + r->skipped;
-    double el = now_s() - r->t0;
+    double el = cli_now_s() - r->t0;
     int worked = r->done + r->failed;
     double rate = el > 0 ? worked / el : 0;
     char eta[32];
@@ -926,7 +919,7 @@ int cmd_segment(int argc, char **argv)
     if (a.heatmaps && viz_font_open(&r.font, viz_font_path(), 14) != MS_OK) r.font = NULL;
 #endif
     install_signals();
-    r.t0 = now_s();
+    r.t0 = cli_now_s();
     pthread_t reader, writer;
     bool have_reader = pthread_create(&reader, NULL, reader_main, &r) == 0;
     bool have_writer = have_reader && pthread_create(&writer, NULL, writer_main, &r) == 0;
@@ -948,7 +941,7 @@ int cmd_segment(int argc, char **argv)
     /* Dropped after the signal, or never read by the reader. */
     int not_started = plan.n_todo - (r.done + r.failed - enum_failed + r.skipped);
     show_progress(&r, true);
-    double el = now_s() - r.t0; /* the pipeline's time: throughput, not model loading */
+    double el = cli_now_s() - r.t0; /* the pipeline's time: throughput, not model loading */
     if (!a.quiet || g_stop) {
         clear_bar(&r);
         fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", g_stop ? "interrupted: " : "",

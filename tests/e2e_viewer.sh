@@ -203,6 +203,20 @@ save_now() {
     grep -E '^saved ' "$TMP/log" | tail -1 | cut -d' ' -f2-
 }
 
+# quit_viewer WHAT: Escape must end the viewer, with status 0
+quit_viewer() {
+    xdotool key Escape
+    for _ in $(seq 1 100); do
+        kill -0 "$VIEW_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$VIEW_PID" 2>/dev/null && fail "Escape did not quit ($1)"
+    wait "$VIEW_PID"
+    local rc=$?
+    VIEW_PID=""
+    [ "$rc" -eq 0 ] || fail "viewer exit status $rc ($1)"
+}
+
 # 1. heatmap view at the default (last) layer
 xdotool key 2
 read -r V1 M1 < <(save_now)
@@ -240,16 +254,7 @@ png differ "$TMP/overlay_before.png" "$V4" 0.005 || fail "hiding class $CLS did 
 
 # 4. the input is untouched; Escape quits with status 0
 [ "$(cksum <"$IMG")" = "$IMG_SUM" ] || fail "the input image changed"
-xdotool key Escape
-for _ in $(seq 1 100); do
-    kill -0 "$VIEW_PID" 2>/dev/null || break
-    sleep 0.1
-done
-kill -0 "$VIEW_PID" 2>/dev/null && fail "Escape did not quit"
-wait "$VIEW_PID"
-RC=$?
-VIEW_PID=""
-[ "$RC" -eq 0 ] || fail "viewer exit status $RC"
+quit_viewer "first run"
 # 5. no image on the command line: the start screen, then a file dropped on
 #    the window (through SDL's drop event) is opened and can be saved.
 cp "$IMG" "$TMP/imgs/dropped.png"
@@ -267,13 +272,5 @@ sleep 0.2
 read -r V5 M5 < <(save_now)
 [[ "$V5" == *dropped.view-* ]] || fail "after the drop: unexpected view file name $V5"
 [ "$(png size "$M5")" = "160 120" ] || fail "$M5 does not decode to the dropped image's size"
-xdotool key Escape
-for _ in $(seq 1 100); do
-    kill -0 "$VIEW_PID" 2>/dev/null || break
-    sleep 0.1
-done
-wait "$VIEW_PID"
-RC=$?
-VIEW_PID=""
-[ "$RC" -eq 0 ] || fail "viewer (drop test) exit status $RC"
+quit_viewer "drop test"
 echo "ok: e2e_viewer"
