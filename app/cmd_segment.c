@@ -31,6 +31,9 @@
  * one run line up. */
 enum { HEAT_W = 1600, HEAT_H = 900 };
 
+/* --batch bound: the workers' group and image arrays are this long. */
+enum { SEG_MAX_BATCH = 256 };
+
 static const char segment_help[] =
     "usage: mitaseg segment INPUT... -o DIR [options]\n"
     "\n"
@@ -479,7 +482,7 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
     if (a->tile > 0)
         return batch_segment_tiled(group[0]->mask, w->e, &w->res[0], &opt, &group[0]->img,
                                    a->tile, a->overlap);
-    const ms_image *imgs[256];
+    const ms_image *imgs[SEG_MAX_BATCH];
     for (int b = 0; b < n; b++) imgs[b] = &group[b]->img;
     MS_TRY(engine_run_batch(w->e, w->res, imgs, n, &opt));
     for (int b = 0; b < n; b++) {
@@ -533,7 +536,7 @@ static void *worker_main(void *arg)
     seg_worker *w = arg;
     seg_run *r = w->r;
     const int cap = r->a->tile > 0 ? 1 : r->a->batch;
-    job *group[256];
+    job *group[SEG_MAX_BATCH];
     int n = 0;
     job *next = NULL; /* taken from the queue, starts the next group */
     for (;;) {
@@ -717,8 +720,8 @@ static int parse_args(seg_args *a, int argc, char **argv)
             if (batch_parse_shard(&a->shard_i, &a->shard_n, v) != MS_OK)
                 return usage_error("%s", ms_last_error());
         } else if (!strcmp(o, "--batch")) {
-            if (!parse_pos_int(v, 1, 256, &a->batch))
-                return usage_error("--batch: expected 1..256, got '%s'", v);
+            if (!parse_pos_int(v, 1, SEG_MAX_BATCH, &a->batch))
+                return usage_error("--batch: expected 1..%d, got '%s'", SEG_MAX_BATCH, v);
         } else if (!strcmp(o, "--devices")) {
             devices = v;
         }

@@ -188,6 +188,17 @@ class TestTrainResumeExport(unittest.TestCase):
             self.assertEqual(tuple(mask.shape), (64, 96))
 
 
+def first_checkpoint_at_lr0(root, *init_args):
+    """Model state after one epoch at lr 0 on root/data, started with init_args:
+    exactly the initial weights, so an --init-* flag's effect can be compared."""
+    config = os.path.join(root, "tiny.json")
+    with open(config, "w") as f:
+        json.dump({"model": MODEL, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
+    run_tool("train.py", "--config", config, "--out", os.path.join(root, "run"), "--epochs", 1,
+             "--no-val", *init_args)
+    return torch.load(os.path.join(root, "run", "last.pt"))["model"]
+
+
 class TestInitModel(unittest.TestCase):
     """train.py --init-model FILE continues from a model file (no checkpoint):
     with lr 0 the first checkpoint holds the file's weights (BatchNorm running
@@ -200,23 +211,12 @@ class TestInitModel(unittest.TestCase):
             src = R.MitaSeg(MODEL)
             path = os.path.join(root, "init.safetensors")
             R.save_model(src, path)
-            config = os.path.join(root, "tiny.json")
-            with open(config, "w") as f:
-                json.dump({"model": MODEL, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
-            run_tool("train.py", "--config", config, "--out", os.path.join(root, "run"), "--epochs", 1,
-                     "--no-val", "--init-model", path)
-            got = torch.load(os.path.join(root, "run", "last.pt"))["model"]
+            got = first_checkpoint_at_lr0(root, "--init-model", path)
             for k, v in R.model_tensors(src).items():
                 if not k.endswith(("running_mean", "running_var")):
                     self.assertTrue(torch.equal(got[k], v), k)
 
 
-def train_has_flag(flag):
-    with open(os.path.join(TOOLS_DIR, "train.py")) as f:
-        return ('"%s"' % flag) in f.read()
-
-
-@unittest.skipUnless(train_has_flag("--init-backbone"), "tools/train.py has no --init-backbone yet")
 class TestInitBackbone(unittest.TestCase):
     """train.py --init-backbone FILE (a `convert.py timm` output) starts the
     backbone from it: with lr 0 the first checkpoint holds exactly its tensors
@@ -232,12 +232,7 @@ class TestInitBackbone(unittest.TestCase):
             torch.save({"model": timm_vit(depth=4)}, src)
             init = os.path.join(root, "init.pt")
             self.assertEqual(convert.main(["timm", src, init, "--num-heads", "2"]), 0)
-            config = os.path.join(root, "tiny.json")
-            with open(config, "w") as f:
-                json.dump({"model": MODEL, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
-            run_tool("train.py", "--config", config, "--out", os.path.join(root, "run"), "--epochs", 1,
-                     "--no-val", "--init-backbone", init)
-            got = torch.load(os.path.join(root, "run", "last.pt"))["model"]
+            got = first_checkpoint_at_lr0(root, "--init-backbone", init)
             want = torch.load(init)["state_dict"]
             for k, v in want.items():
                 if k == "backbone.pos_embed":
