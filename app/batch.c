@@ -1,9 +1,11 @@
 /* Batch mode plumbing: input enumeration, sharding, output names, tiles. */
+#define _GNU_SOURCE /* vasprintf */
 #include "batch.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -18,7 +20,32 @@ void batch_list_free(ms_batch_list *l)
         free(l->items[i].rel);
     }
     free(l->items);
+    for (int i = 0; i < l->n_bad; i++) free(l->bad[i]);
+    free(l->bad);
+    fio_id_set_free(&l->visited);
     memset(l, 0, sizeof *l);
+}
+
+/* Records an entry that could not be added; only running out of memory
+ * stops the enumeration. */
+static ms_status add_bad(ms_batch_list *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ms_status add_bad(ms_batch_list *l, const char *fmt, ...)
+{
+    if (l->n_bad == l->cap_bad) {
+        int cap = l->cap_bad ? 2 * l->cap_bad : 16;
+        char **nb = realloc(l->bad, (size_t)cap * sizeof *nb);
+        MS_CHECK_ALLOC(nb, (size_t)cap * sizeof *nb);
+        l->bad = nb;
+        l->cap_bad = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
+    va_end(ap);
+    if (n < 0) return ms_error(MS_ERR_OOM, "out of memory: a batch error message");
+    l->bad[l->n_bad++] = msg;
+    return MS_OK;
 }
 
 void batch_list_skip_dir(ms_batch_list *l, const char *dir)
@@ -101,15 +128,26 @@ static int cmp_str(const void *a, const void *b)
 }
 
 /* Adds the image files of dir (rel_prefix + name as rel), descending when
- * recursive. Entries are sorted here only for a stable error order; the list
- * is sorted as a whole later. */
+ * recursive into folders not walked before (by identity: a link back up the
+ * tree adds nothing). Entries are sorted here only for a stable error order;
+ * the list is sorted as a whole later. Only the top folder (depth 0) failing
+ * to open is an error; below it, what cannot be read goes to l->bad. */
 static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_prefix,
                          bool recursive, int depth)
 {
     if (depth > 64)
-        return ms_error(MS_ERR_ARG, "%s: folders nested deeper than 64 levels (a link loop?)", dir);
+        return add_bad(l, "%s: folders nested deeper than 64 levels; not read", dir);
     DIR *d = opendir(dir);
-    if (!d) return ms_error(MS_ERR_IO, "%s: cannot open folder: %s", dir, strerror(errno));
+    if (!d) {
+        if (depth == 0) return ms_error(MS_ERR_IO, "%s: cannot open folder: %s", dir, strerror(errno));
+        return add_bad(l, "%s: cannot open folder: %s", dir, strerror(errno));
+    }
+    struct stat dsb;
+    if (fstat(dirfd(d), &dsb) == 0 &&
+        fio_id_set_add(&l->visited, dsb.st_dev, dsb.st_ino, 0, NULL) < 0) {
+        closedir(d);
+        return ms_error(MS_ERR_OOM, "out of memory: listing %s", dir);
+    }
     char **names = NULL;
     int n = 0, cap = 0;
     ms_status st = MS_OK;
@@ -129,7 +167,8 @@ static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_pref
         n++;
     }
     closedir(d);
-    if (st == MS_OK) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    /* n == 0 leaves names NULL, which qsort must not be given */
+    if (st == MS_OK && n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str);
     for (int i = 0; i < n && st == MS_OK; i++) {
         char *full = path_join(dir, names[i]);
         char *rel = path_join(rel_prefix, names[i]);
@@ -140,23 +179,28 @@ static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_pref
             break;
         }
         struct stat sb;
-        if (stat(full, &sb) != 0) { /* dangling link: not an image we can read */
-            free(full);
-            free(rel);
-            continue;
-        }
-        if (S_ISDIR(sb.st_mode)) {
+        bool image = batch_is_image_name(names[i]);
+        if (stat(full, &sb) != 0) {
+            /* a dangling link, a link loop, no permission: reported when it
+             * looks like an image, so no image is dropped silently */
+            if (image) st = add_bad(l, "%s: cannot read: %s", full, strerror(errno));
+        } else if (S_ISDIR(sb.st_mode)) {
             bool skip = !recursive ||
                         (l->has_skip && sb.st_dev == l->skip_dev && sb.st_ino == l->skip_ino);
-            if (!skip) st = add_dir(l, full, rel, recursive, depth + 1);
-            free(full);
-            free(rel);
-        } else if (S_ISREG(sb.st_mode) && batch_is_image_name(names[i])) {
-            st = list_push(l, full, rel);
-        } else {
-            free(full);
-            free(rel);
+            if (!skip && fio_id_set_find(&l->visited, sb.st_dev, sb.st_ino) < 0)
+                st = add_dir(l, full, rel, recursive, depth + 1);
+        } else if (image && !S_ISREG(sb.st_mode)) {
+            st = add_bad(l, "%s: not a regular file; skipped", full);
+        } else if (image) {
+            int added = fio_id_set_add(&l->visited, sb.st_dev, sb.st_ino, 0, NULL);
+            if (added < 0) st = ms_error(MS_ERR_OOM, "out of memory: listing %s", dir);
+            if (added > 0) { /* 0: a second name of a file already taken */
+                st = list_push(l, full, rel);
+                full = rel = NULL; /* owned by the list now */
+            }
         }
+        free(full);
+        free(rel);
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -288,8 +332,9 @@ ms_status batch_add_stream(ms_batch_list *l, FILE *f, const char *name, const ch
     while (st == MS_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         if ((size_t)len != strlen(line)) {
-            st = ms_error(MS_ERR_FORMAT, "%s:%ld: NUL byte in a path", name, lineno);
-            break;
+            /* reported, and the lines after it still read */
+            st = add_bad(l, "%s:%ld: NUL byte in a path (the line starts '%s')", name, lineno, line);
+            continue;
         }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' ||
                            line[len - 1] == ' ' || line[len - 1] == '\t'))
@@ -309,13 +354,8 @@ ms_status batch_add_stream(ms_batch_list *l, FILE *f, const char *name, const ch
 
 ms_status batch_add_list_file(ms_batch_list *l, const char *list_path, bool recursive)
 {
-    FILE *f = fopen(list_path, "r");
-    if (!f) return ms_error(MS_ERR_IO, "%s: %s", list_path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fclose(f);
-        return ms_error(MS_ERR_ARG, "%s: is a folder, not a list file", list_path);
-    }
+    FILE *f;
+    MS_TRY(fio_fopen_list(&f, list_path));
     char *dir = str_dup(list_path);
     if (!dir) { fclose(f); return ms_error(MS_ERR_OOM, "out of memory"); }
     char *slash = strrchr(dir, '/');
@@ -405,15 +445,13 @@ ms_status batch_output_path(char **out, const char *out_dir, const char *rel, co
     return MS_OK;
 }
 
-ms_status batch_check_output(const ms_batch_list *l, const char *out)
+ms_status batch_note_inputs(const ms_batch_list *l)
 {
-    struct stat sb;
-    if (stat(out, &sb) != 0) return MS_OK; /* nothing there: nothing to replace */
     for (int i = 0; i < l->n; i++) {
         const ms_batch_item *it = &l->items[i];
-        if (it->exists && it->dev == sb.st_dev && it->ino == sb.st_ino)
-            return ms_error(MS_ERR_ARG, "output %s would overwrite the input %s (choose another -o)",
-                            out, it->path);
+        if (!it->exists) continue;
+        struct stat sb = {.st_dev = it->dev, .st_ino = it->ino};
+        MS_TRY(fio_note_input(it->path, &sb));
     }
     return MS_OK;
 }

@@ -1,4 +1,5 @@
 /* Option parsing and engine opening shared by the commands. */
+#define _GNU_SOURCE /* vasprintf */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 const char cli_engine_help[] =
     "engine options:\n"
@@ -28,15 +30,85 @@ double cli_now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+void cli_fputs_escaped(const char *s, FILE *f)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (; *p; p++) {
+        unsigned c = *p;
+        if (c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { /* C1 controls, as UTF-8 */
+            fprintf(f, "\\xc2\\x%02x", p[1]);
+            p++;
+        } else if (c == '\n') {
+            fputs("\\n", f);
+        } else if (c == '\t') {
+            fputs("\\t", f);
+        } else if (c == '\r') {
+            fputs("\\r", f);
+        } else if (c < 0x20 || c == 0x7f) {
+            fprintf(f, "\\x%02x", c);
+        } else {
+            fputc((int)c, f);
+        }
+    }
+}
+
 void cli_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("mitaseg: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
     va_end(ap);
+    fputs("mitaseg: ", stderr);
+    cli_fputs_escaped(n >= 0 ? msg : "(out of memory formatting a message)", stderr);
+    fputc('\n', stderr);
+    free(msg);
 }
+
+/* ---- interrupts ---- */
+
+volatile sig_atomic_t cli_interrupted;
+static volatile sig_atomic_t g_graceful;
+
+static void write_str(const char *s) /* async-signal-safe stderr output */
+{
+    ssize_t r = write(STDERR_FILENO, s, strlen(s));
+    (void)r;
+}
+
+static void on_interrupt(int sig)
+{
+    if (sig != SIGALRM && g_graceful && !cli_interrupted) {
+        cli_interrupted = sig;
+        alarm(1); /* the command has one second to finish on its own */
+        return;
+    }
+    int first = cli_interrupted ? cli_interrupted : sig;
+    fio_remove_live_temps();
+    write_str(sig == SIGALRM ? "\nmitaseg: interrupted; stopped in the middle of an image "
+                               "(finished outputs are kept)\n"
+                             : "\nmitaseg: interrupted\n");
+    _exit(128 + first);
+}
+
+void cli_interrupt_init(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESTART; /* file writes are not cut short */
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGALRM);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGALRM, &sa, NULL);
+}
+
+void cli_interrupt_graceful(void) { g_graceful = 1; }
+
+int cli_interrupt_status(void) { return 128 + cli_interrupted; }
 
 void cli_engine_args_init(cli_engine_args *a)
 {

@@ -118,7 +118,9 @@ int cmd_info(int argc, char **argv)
     }
     const ms_config *c = model_file_config(mf);
 
-    printf("model: %s\n\nconfig:\n", model_file_path(mf));
+    fputs("model: ", stdout);
+    cli_fputs_escaped(model_file_path(mf), stdout);
+    printf("\n\nconfig:\n");
     cJSON *j = cJSON_Parse(c->json);
     char *pretty = j ? cJSON_Print(j) : NULL;
     puts(pretty ? pretty : c->json);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 #ifndef MS_HAVE_VIEWER
 int cmd_render(int argc, char **argv)
@@ -155,6 +156,14 @@ int cmd_render(int argc, char **argv)
     if (cli_open_engine(&eng, &ea, false)) {
         image_free(&img);
         return 1;
+    }
+    /* The image and the model are inputs now: -o may be neither, and must
+     * be writable, before any work. */
+    if (fio_check_writable(out) != MS_OK) {
+        cli_error("render: -o: %s", ms_last_error());
+        engine_free(eng);
+        image_free(&img);
+        return 2;
     }
     const ms_config *cfg = engine_config(eng);
     ms_result res;

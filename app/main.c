@@ -34,6 +34,7 @@ static void ensure_passive_openmp(char **argv)
 int main(int argc, char **argv)
 {
     ensure_passive_openmp(argv);
+    cli_interrupt_init();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
