@@ -93,22 +93,22 @@ check "--list <(...): a pipe is a list" test -f o_pipe/a.png
 # ---- interruption: any run ends within a second, 130/143, nothing partial --------------------
 # One image in 16-pixel windows takes many seconds: only a hard stop ends it in time.
 h img slow/big.png 600 600 5
-check "SIGTERM mid-image: exit 143 within a second" h sigrun TERM 1.5 1.5 \
+check "SIGTERM mid-image: exit 143 within a second" h sigrun TERM 1.5 1 \
     "$BIN" segment "${M[@]}" -q slow/big.png --tile 16 -o o_sig
-check "SIGINT mid-image: exit 130 within a second" h sigrun INT 1.5 1.5 \
+check "SIGINT mid-image: exit 130 within a second" h sigrun INT 1.5 1 \
     "$BIN" segment "${M[@]}" -q slow/big.png --tile 16 -o o_sig
 check "interrupted: no temporary file, no partial mask" bash -c "no_temps() { [ -z \"\$(find \"\$@\" -name '*.tmp*')\" ]; }; no_temps o_sig && [ ! -e o_sig/big.png ]"
 mkdir -p ev/slow/img ev/slow/lab
 cp slow/big.png ev/slow/img/big.png
 "$PY" -c "from PIL import Image; Image.new('L', (600, 600), 1).save('ev/slow/lab/big.png')"
-check "eval: SIGTERM mid-image: exit 143 within a second" h sigrun TERM 1.5 1.5 \
+check "eval: SIGTERM mid-image: exit 143 within a second" h sigrun TERM 1.5 1 \
     "$BIN" eval "${M[@]}" -q --images ev/slow/img --labels ev/slow/lab --tile 16 --json ev_sig.json
 check "eval interrupted: no JSON, no temporary" bash -c "[ ! -e ev_sig.json ] && [ -z \"\$(ls -A | grep tmp)\" ]"
 # a list read from a pipe that never ends
 mkfifo never
 sleep 30 > never &
 holder=$!
-check "SIGTERM while reading a list: exit 143 within a second" h sigrun TERM 1 1.5 \
+check "SIGTERM while reading a list: exit 143 within a second" h sigrun TERM 1 1 \
     "$BIN" segment "${M[@]}" --list never -o o_never
 kill $holder 2>/dev/null
 
