@@ -73,6 +73,7 @@ int fio_id_set_find(const fio_id_set *s, dev_t dev, ino_t ino)
 
 /* ------------------------------------------------------------- inputs */
 
+static bool g_remember; /* fio_open_input and fio_fopen_list note what they open */
 static pthread_mutex_t g_inputs_mu = PTHREAD_MUTEX_INITIALIZER;
 static fio_id_set g_inputs;      /* identity -> index into g_input_path */
 static char **g_input_path;      /* (g_n_inputs) as first opened, for messages */
@@ -98,6 +99,13 @@ ms_status fio_note_input(const char *path, const struct stat *sb)
     }
     pthread_mutex_unlock(&g_inputs_mu);
     return st;
+}
+
+void fio_remember_inputs(bool on) { __atomic_store_n(&g_remember, on, __ATOMIC_RELAXED); }
+
+static ms_status remember(const char *path, const struct stat *sb)
+{
+    return __atomic_load_n(&g_remember, __ATOMIC_RELAXED) ? fio_note_input(path, sb) : MS_OK;
 }
 
 void fio_forget_inputs(void)
@@ -156,7 +164,7 @@ ms_status fio_open_input(int *fd, const char *path, struct stat *sb)
         return ms_error(MS_ERR_IO, "%s: not a regular file (%s)", path, kind_name(sb->st_mode));
     }
     MS_TRY(clear_nonblock(*fd, path));
-    ms_status st = fio_note_input(path, sb);
+    ms_status st = remember(path, sb);
     if (st != MS_OK) close(*fd);
     return st;
 }
@@ -195,7 +203,7 @@ ms_status fio_fopen_list(FILE **f, const char *path)
     }
     MS_TRY(clear_nonblock(fd, path));
     if (S_ISREG(sb.st_mode)) {
-        ms_status st = fio_note_input(path, &sb);
+        ms_status st = remember(path, &sb);
         if (st != MS_OK) {
             close(fd);
             return st;
@@ -213,7 +221,7 @@ ms_status fio_check_output(const char *path)
     for (const char *p = path; *p;) {
         size_t len = strcspn(p, "/");
         if (len > NAME_MAX)
-            return ms_error(MS_ERR_ARG, "output %s: File name too long (a name of %zu bytes; "
+            return ms_error(MS_ERR_ARG, "%s: File name too long (a name of %zu bytes; "
                             "the limit is %d)", path, len, NAME_MAX);
         p += len;
         while (*p == '/') p++;
@@ -221,13 +229,13 @@ ms_status fio_check_output(const char *path)
     struct stat sb;
     if (stat(path, &sb) != 0) return MS_OK; /* nothing there (or unreachable: the write says) */
     if (!S_ISREG(sb.st_mode))
-        return ms_error(MS_ERR_ARG, "output %s: exists and is %s, not a regular file; not replacing it",
+        return ms_error(MS_ERR_IO, "%s: exists and is %s, not a regular file; not replacing it",
                         path, kind_name(sb.st_mode));
     ms_status st = MS_OK;
     pthread_mutex_lock(&g_inputs_mu);
     int k = fio_id_set_find(&g_inputs, sb.st_dev, sb.st_ino);
     if (k >= 0)
-        st = ms_error(MS_ERR_ARG, "output %s would overwrite the input %s", path, g_input_path[k]);
+        st = ms_error(MS_ERR_ARG, "%s: would overwrite the input %s", path, g_input_path[k]);
     pthread_mutex_unlock(&g_inputs_mu);
     return st;
 }
@@ -365,7 +373,7 @@ ms_status fio_atomic_begin(fio_atomic *a, const char *path)
     memset(a, 0, sizeof *a);
     a->slot = -1;
     if (!*path) return ms_error(MS_ERR_ARG, "empty output file name");
-    if (path[strlen(path) - 1] == '/') return ms_error(MS_ERR_ARG, "output %s: is a folder name", path);
+    if (path[strlen(path) - 1] == '/') return ms_error(MS_ERR_ARG, "%s: is a folder name", path);
     MS_TRY(fio_check_output(path));
     char *dir = parent_of(path);
     MS_CHECK_ALLOC(dir, strlen(path));

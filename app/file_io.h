@@ -35,12 +35,17 @@ int fio_id_set_find(const fio_id_set *s, dev_t dev, ino_t ino);
 /* Remembers the file `sb` describes as an input of this process (the path is
  * kept for messages). Thread-safe. */
 ms_status fio_note_input(const char *path, const struct stat *sb);
+/* When on, fio_open_input and fio_fopen_list remember every file they open
+ * (main() turns it on for every command: a program never replaces what it
+ * read). Off by default, so a library user may rewrite a file it read. */
+void fio_remember_inputs(bool on);
 /* Forgets every input (tests). */
 void fio_forget_inputs(void);
 
 /* Opens path read-only without blocking (O_NONBLOCK, cleared once open),
  * refuses anything but a regular file ("PATH: not a regular file (a FIFO)")
- * and notes it as an input. *sb gets its fstat when non-NULL. */
+ * and notes it as an input (fio_remember_inputs). *sb gets its fstat when
+ * non-NULL. */
 ms_status fio_open_input(int *fd, const char *path, struct stat *sb);
 /* The same as a stdio stream ("rb"). */
 ms_status fio_fopen_input(FILE **f, const char *path);
@@ -51,7 +56,7 @@ ms_status fio_fopen_list(FILE **f, const char *path);
 
 /* MS_OK when writing `path` replaces no input noted so far and nothing that
  * is not a regular file; else MS_ERR_ARG with "output PATH would overwrite
- * the input INPUT" (or "... is a folder" etc). */
+ * the input INPUT", MS_ERR_IO for "... exists and is a folder" etc. */
 ms_status fio_check_output(const char *path);
 /* fio_check_output, and a file can be created in path's folder (tried, then
  * removed): for outputs written only after a long run. */
