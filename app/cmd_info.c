@@ -194,7 +194,11 @@ int cmd_info(int argc, char **argv)
         fmt_count(cnt, sizeof cnt, other);
         printf("  other tensors          %s integer elements\n", cnt);
     }
-    if (c->provenance && *c->provenance) printf("  provenance             %s\n", c->provenance);
+    if (c->provenance && *c->provenance) { /* free text from the file: escaped */
+        fputs("  provenance             ", stdout);
+        cli_fputs_escaped(c->provenance, stdout);
+        putchar('\n');
+    }
 
     if (tensors) {
         printf("\ntensors (%d):\n", nt);

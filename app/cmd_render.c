@@ -212,7 +212,7 @@ int cmd_render(int argc, char **argv)
     if (view != VIZ_OVERLAY && res.depth > 0 && (!res.layer_mita || !res.layer_mita[layer]))
         fprintf(stderr, "mitaseg: layer %d ran full attention: it has no selections to show\n", layer);
     if (viz_font_open(&font, viz_font_path(), 13) != MS_OK) {
-        fprintf(stderr, "mitaseg: drawing without text: %s\n", ms_last_error());
+        cli_error("drawing without text: %s", ms_last_error());
         font = NULL;
     }
     viz_state st;

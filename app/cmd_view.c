@@ -91,8 +91,10 @@ static void vlog(const viewer *v, const char *fmt, ...)
     if (!v->log) return;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stdout, fmt, ap);
+    char line[PATH_MAX * 2 + 64];
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    cli_fputs_escaped(line, stdout); /* paths: one line each, whatever their bytes */
     fputc('\n', stdout);
     fflush(stdout);
 }

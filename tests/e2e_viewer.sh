@@ -252,6 +252,22 @@ wait_log "^class $CLS hidden" 10 >/dev/null
 read -r V4 _ < <(save_now)
 png differ "$TMP/overlay_before.png" "$V4" 0.005 || fail "hiding class $CLS did not change the overlay"
 
+# 3b. the mask's name is a hard link to the image (another name of the input):
+#     S refuses with a message and writes nothing
+rm -f "$M1" && ln "$IMG" "$M1"
+errs=$(count_log '^error .*would overwrite the input')
+for _try in 1 2 3; do
+    xdotool key s
+    for _ in $(seq 1 50); do
+        [ "$(count_log '^error .*would overwrite the input')" -gt "$errs" ] && break 2
+        sleep 0.1
+    done
+    xdotool mousemove --window "$WIN" 20 20
+done
+[ "$(count_log '^error .*would overwrite the input')" -gt "$errs" ] \
+    || fail "S over a hard link of the input was not refused"
+rm -f "$M1"
+
 # 4. the input is untouched; Escape quits with status 0
 [ "$(cksum <"$IMG")" = "$IMG_SUM" ] || fail "the input image changed"
 quit_viewer "first run"
