@@ -585,10 +585,10 @@ static int usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("mitaseg: segment: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (see mitaseg segment --help)\n", stderr);
+    char msg[1024]; /* paths in it are escaped like every message's */
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    cli_error("segment: %s (see mitaseg segment --help)", msg);
     return 2;
 }
 

@@ -640,7 +640,7 @@ int cmd_view(int argc, char **argv)
     }
     if (viz_font_open(&v->font, viz_font_path(), 13) != MS_OK ||
         viz_font_open(&v->font_big, viz_font_path(), 22) != MS_OK) {
-        fprintf(stderr, "mitaseg: drawing without text: %s\n", ms_last_error());
+        cli_error("drawing without text: %s", ms_last_error());
     }
     viz_state_init(&v->st);
     v->st.n_classes = v->cfg->n_classes;
