@@ -184,21 +184,26 @@ xdotool mousemove --window "$WIN" 20 20
 xdotool windowfocus --sync "$WIN" 2>/dev/null || true
 sleep 0.2
 
-# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
-save_now() {
+# press_s REGEX WHAT: press S until a new log line matches REGEX
+press_s() {
     local before
-    before=$(count_log '^saved ')
+    before=$(count_log "$1")
     # Without a window manager, focus follows the pointer: under load a key
-    # can arrive before the focus does, so press again if nothing was saved.
+    # can arrive before the focus does, so press again if nothing came.
     for _try in 1 2 3; do
         xdotool key s
         for _ in $(seq 1 50); do
-            [ "$(count_log '^saved ')" -gt "$before" ] && break 2
+            [ "$(count_log "$1")" -gt "$before" ] && break 2
             sleep 0.1
         done
         xdotool mousemove --window "$WIN" 20 20
     done
-    [ "$(count_log '^saved ')" -gt "$before" ] || fail "S saved nothing"
+    [ "$(count_log "$1")" -gt "$before" ] || fail "$2"
+}
+
+# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
+save_now() {
+    press_s '^saved ' "S saved nothing"
     # "saved VIEW MASK"
     grep -E '^saved ' "$TMP/log" | tail -1 | cut -d' ' -f2-
 }
@@ -255,17 +260,7 @@ png differ "$TMP/overlay_before.png" "$V4" 0.005 || fail "hiding class $CLS did 
 # 3b. the mask's name is a hard link to the image (another name of the input):
 #     S refuses with a message and writes nothing
 rm -f "$M1" && ln "$IMG" "$M1"
-errs=$(count_log '^error .*would overwrite the input')
-for _try in 1 2 3; do
-    xdotool key s
-    for _ in $(seq 1 50); do
-        [ "$(count_log '^error .*would overwrite the input')" -gt "$errs" ] && break 2
-        sleep 0.1
-    done
-    xdotool mousemove --window "$WIN" 20 20
-done
-[ "$(count_log '^error .*would overwrite the input')" -gt "$errs" ] \
-    || fail "S over a hard link of the input was not refused"
+press_s '^error .*would overwrite the input' "S over a hard link of the input was not refused"
 rm -f "$M1"
 
 # 4. the input is untouched; Escape quits with status 0
