@@ -41,8 +41,8 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  * a file name cannot move the cursor or recolour the terminal. */
 void cli_fputs_escaped(const char *s, FILE *f);
 
-/* Interrupts (SIGINT, SIGTERM): every command ends within a second with exit
- * 128 + the signal (130, 143), after removing the temporary files being
+/* Interrupts (SIGINT, SIGTERM, SIGHUP): every command ends within a second
+ * with exit 128 + the signal (130, 143, 129), after removing the temporary files being
  * written (fio_remove_live_temps), so nothing partial is left. main()
  * installs this for every command, which then ends at once on a signal. A
  * command that calls cli_interrupt_graceful() is told instead (the first

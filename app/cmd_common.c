@@ -108,12 +108,10 @@ void cli_interrupt_init(void)
     sa.sa_handler = on_interrupt;
     sa.sa_flags = SA_RESTART; /* file writes are not cut short */
     sigemptyset(&sa.sa_mask);
-    sigaddset(&sa.sa_mask, SIGINT);
-    sigaddset(&sa.sa_mask, SIGTERM);
-    sigaddset(&sa.sa_mask, SIGALRM);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGALRM, &sa, NULL);
+    /* SIGHUP (the terminal closed) ends a run like SIGTERM, with 129 */
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGALRM};
+    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]);
+    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
 }
 
 void cli_interrupt_graceful(void) { g_graceful = 1; }

@@ -331,7 +331,7 @@ int cmd_eval(int argc, char **argv)
         pairs_free(&pl);
         return 1;
     }
-    cli_interrupt_graceful(); /* the pair in flight gets a second, then the metrics so far */
+    cli_interrupt_graceful(); /* the pair in flight gets half a second, then the metrics so far */
 
     ms_result res;
     memset(&res, 0, sizeof res);

@@ -89,8 +89,8 @@ static const char segment_help[] =
     "error for that image. A file that cannot be read is reported on one line\n"
     "(\"mitaseg: PATH: reason\") and the run goes on. Exit status: 0 all done, 1 some\n"
     "failed, 2 usage error, 130/143 interrupted by SIGINT/SIGTERM (finished\n"
-    "outputs are kept; the images in flight get a second to finish, then the\n"
-    "run stops at once, leaving no temporary file).\n"
+    "outputs are kept; the images in flight get half a second to finish, then\n"
+    "the run stops at once, leaving no temporary file).\n"
     "\n";
 
 typedef enum { FMT_INDEX, FMT_LABEL, FMT_COLOR } out_format;
@@ -115,7 +115,7 @@ typedef struct {
 /* ---- stopping ---- */
 
 /* Set when the threads could not start; an interrupt sets cli_interrupted
- * (cli.h), after which the run has a second to finish the images in flight. */
+ * (cli.h), after which the run has half a second to finish the images in flight. */
 static volatile sig_atomic_t g_stop;
 #define STOPPING() (g_stop || cli_interrupted)
 
