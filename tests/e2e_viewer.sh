@@ -284,4 +284,21 @@ read -r V5 M5 < <(save_now)
 [[ "$V5" == *dropped.view-* ]] || fail "after the drop: unexpected view file name $V5"
 [ "$(png size "$M5")" = "160 120" ] || fail "$M5 does not decode to the dropped image's size"
 quit_viewer "drop test"
+
+# 6. SIGTERM closes the viewer within a second with status 143
+: >"$TMP/log"
+SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
+    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
+VIEW_PID=$!
+wait_log '^ready' 120 >/dev/null
+kill -TERM "$VIEW_PID"
+for _ in $(seq 1 10); do
+    kill -0 "$VIEW_PID" 2>/dev/null || break
+    sleep 0.1
+done
+kill -0 "$VIEW_PID" 2>/dev/null && fail "SIGTERM did not end the viewer within a second"
+wait "$VIEW_PID"
+rc=$?
+VIEW_PID=""
+[ "$rc" -eq 143 ] || fail "viewer exit status $rc after SIGTERM (want 143)"
 echo "ok: e2e_viewer"
