@@ -285,7 +285,8 @@ void fio_remove_live_temps(void)
 /* Temporary names: ".mitaseg-HOST-PID-SEQ.tmp", HOST being 8 hex digits of a
  * hash of the host name, so a run only ever removes temporaries of processes
  * it can see (a folder shared over the network has other hosts' PIDs). At
- * most 45 bytes: fits in any folder whatever the final name's length. */
+ * most 50 bytes (about 30 in practice): fits in any folder whatever the
+ * final name's length. */
 static const char temp_prefix[] = ".mitaseg-";
 
 static uint32_t g_host_id;

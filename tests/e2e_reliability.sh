@@ -67,7 +67,9 @@ lsum=$(sum ev/lab/a.png ev/list.txt)
 check "eval --json onto a label: refused before the run" bash -c "test $? -ne 0 && grep -q 'would overwrite the input' err.txt && ! grep -q mIoU out.txt"
 "$BIN" eval "${M[@]}" -q --list ev/list.txt --json ev/list.txt >/dev/null 2>&1
 check "eval --json onto the list: refused" test $? -ne 0
-check "eval: label and list unchanged" test "$lsum" = "$(sum ev/lab/a.png ev/list.txt)"
+"$BIN" eval "${M[@]}" -q --list ev/list.txt --json "$MODEL" >out.txt 2>err.txt
+check "eval --json onto the model: refused before the run" bash -c "test $? -ne 0 && grep -q 'would overwrite the input' err.txt && ! grep -q mIoU out.txt"
+check "eval: label, list and model unchanged" test "$lsum $before" = "$(sum ev/lab/a.png ev/list.txt) $(sum in/a.png "$MODEL")"
 
 # ---- 2. FIFOs and devices: refused at once, never waited on ----------------------------------
 mkfifo fifo.png fifo.model
