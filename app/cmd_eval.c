@@ -37,7 +37,11 @@ static const char eval_help[] =
     "  -h, --help              this help\n"
     "\n"
     "Labels are 8-bit grey or palette PNGs holding class ids, of the image's size.\n"
-    "A pair that cannot be read is reported and left out; the exit status is then 1.\n"
+    "A pair that cannot be read is reported and left out; the exit status is then 1,\n"
+    "as it is when no label pixel could be scored (all ignored or out of range).\n"
+    "2: usage error (--json is checked before the run); 130/143: interrupted by\n"
+    "SIGINT/SIGTERM (the metrics so far are printed if the pair in flight ends\n"
+    "within half a second; else the run stops at once).\n"
     "\n";
 
 typedef struct {
