@@ -757,11 +757,16 @@ static void remove_stale_temps(const seg_plan *p, const seg_args *a)
     int n = p->list.n * N_OUT + 1, m = 0;
     char **dirs = malloc((size_t)n * sizeof *dirs);
     if (!dirs) return; /* only tidying: never worth failing the run */
+    const char *prev = NULL; /* outputs are in sorted order: most share the last one's folder */
+    size_t prev_len = 0;
     for (int i = 0; i < p->list.n * N_OUT && a->out_dir; i++) {
         const char *o = p->out[i];
         const char *slash = o ? strrchr(o, '/') : NULL;
-        if (o && (dirs[m] = slash ? strndup(o, (size_t)(slash - o) + (slash == o)) : strdup(".")))
-            m++;
+        size_t len = slash ? (size_t)(slash - o) + (slash == o) : 0;
+        if (!o || (prev && len == prev_len && !memcmp(o, prev, len))) continue;
+        prev = o;
+        prev_len = len;
+        if ((dirs[m] = slash ? strndup(o, len) : strdup("."))) m++;
     }
     if (a->dump) {
         const char *slash = strrchr(a->dump, '/');
