@@ -92,7 +92,8 @@ ms_status fio_note_input(const char *path, const struct stat *sb)
         char *copy = g_n_inputs < g_cap_inputs ? strdup(path) : NULL;
         if (!copy || fio_id_set_add(&g_inputs, sb->st_dev, sb->st_ino, g_n_inputs, NULL) < 0) {
             free(copy);
-            st = ms_error(MS_ERR_OOM, "out of memory: remembering the input %s", path);
+            st = ms_error(MS_ERR_OOM, "out of memory: remembering the input %s at %s:%d", path,
+                          __FILE__, __LINE__);
         } else {
             g_input_path[g_n_inputs++] = copy;
         }
@@ -385,7 +386,7 @@ ms_status fio_atomic_begin(fio_atomic *a, const char *path)
         free(dir);
         free(a->tmp);
         free(a->path);
-        return ms_error(MS_ERR_OOM, "out of memory: writing %s", path);
+        return ms_error(MS_ERR_OOM, "out of memory: writing %s at %s:%d", path, __FILE__, __LINE__);
     }
     snprintf(a->tmp, n, "%s/%s%08x-%ld-%lu.tmp", dir, temp_prefix, (unsigned)this_host(),
              (long)getpid(), __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
