@@ -269,6 +269,7 @@ typedef struct {
     viz_font *font;         /* --heatmaps labels; NULL: none */
 #endif
     bool bar_shown;
+    int unread;             /* images the reader could not take on (out of memory) */
 } seg_run;
 
 static void fmt_eta(char *buf, size_t n, double s)
@@ -344,7 +345,10 @@ static void *reader_main(void *arg)
     for (int t = 0; t < p->n_todo && !STOPPING(); t++) {
         int it = p->order[t];
         job *j = calloc(1, sizeof *j);
-        if (!j) break; /* out of memory: stop feeding; the main thread ends cleanly */
+        if (!j) { /* out of memory: stop feeding; the main thread reports what was not read */
+            r->unread = p->n_todo - t;
+            break;
+        }
         j->item = it;
         j->kind = JOB_RUN;
         if (p->plan_error[it]) {
@@ -985,6 +989,12 @@ int cmd_segment(int argc, char **argv)
     if (have_writer) pthread_join(writer, NULL);
     /* Dropped after the signal, or never read by the reader. */
     int not_started = plan.n_todo - (r.done + r.failed - enum_failed + r.skipped);
+    if (r.unread) { /* never silently: each counts as failed */
+        clear_bar(&r);
+        cli_error("out of memory: %d image%s not read", r.unread, r.unread == 1 ? "" : "s");
+        r.failed += r.unread;
+        not_started -= r.unread;
+    }
     show_progress(&r, true);
     double el = cli_now_s() - r.t0; /* the pipeline's time: throughput, not model loading */
     if (!a.quiet || STOPPING()) {
