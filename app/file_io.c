@@ -388,13 +388,25 @@ ms_status fio_atomic_begin(fio_atomic *a, const char *path)
         free(a->path);
         return ms_error(MS_ERR_OOM, "out of memory: writing %s at %s:%d", path, __FILE__, __LINE__);
     }
-    snprintf(a->tmp, n, "%s/%s%08x-%ld-%lu.tmp", dir, temp_prefix, (unsigned)this_host(),
-             (long)getpid(), __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+    int fd = -1;
+    /* A name can exist already only when an earlier boot's process had this
+     * PID (the stale sweep spares our own PID): then the next number. */
+    for (int tries = 0; fd < 0 && tries < 100; tries++) {
+        snprintf(a->tmp, n, "%s/%s%08x-%ld-%lu.tmp", dir, temp_prefix, (unsigned)this_host(),
+                 (long)getpid(), __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+        /* Published before it exists, so a signal between the open and the
+         * claim cannot leave it behind (unlinking a name not there is harmless). */
+        a->slot = live_claim(a->tmp);
+        fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            int err = errno;
+            live_release(a->slot);
+            a->slot = -1;
+            errno = err;
+            if (err != EEXIST) break;
+        }
+    }
     free(dir);
-    /* Published before it exists, so a signal between the open and the
-     * claim cannot leave it behind (unlinking a name not there is harmless). */
-    a->slot = live_claim(a->tmp);
-    int fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 || !(a->f = fdopen(fd, "wb"))) {
         int err = errno;
         if (fd >= 0) {
@@ -407,6 +419,7 @@ ms_status fio_atomic_begin(fio_atomic *a, const char *path)
         free(a->tmp);
         free(a->path);
         memset(a, 0, sizeof *a);
+        a->slot = -1;
         return st;
     }
     return MS_OK;

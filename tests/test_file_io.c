@@ -185,6 +185,28 @@ START_TEST(stale_temps_of_dead_processes_removed)
 }
 END_TEST
 
+/* A temporary name taken already (a process of an earlier boot had our PID)
+ * is skipped, not an error, and the file under it is left alone. */
+START_TEST(temp_name_taken)
+{
+    fio_atomic a;
+    ck_assert_int_eq(fio_atomic_begin(&a, test_path("t.png")), MS_OK);
+    char next[600];
+    snprintf(next, sizeof next, "%s", a.tmp);
+    fio_atomic_abort(&a);
+    char *num = strrchr(next, '-') + 1; /* "...-PID-SEQ.tmp": the following SEQ */
+    snprintf(num, sizeof next - (size_t)(num - next), "%ld.tmp", atol(num) + 1);
+    write_bytes(next, "old", 3);
+    ck_assert_int_eq(fio_atomic_begin(&a, test_path("t.png")), MS_OK);
+    ck_assert_str_ne(a.tmp, next);
+    ck_assert_int_eq(fio_atomic_commit(&a), MS_OK);
+    size_t n;
+    uint8_t *b = read_bytes(next, &n);
+    ck_assert_mem_eq(b, "old", 3);
+    free(b);
+}
+END_TEST
+
 START_TEST(id_sets)
 {
     fio_id_set s;
@@ -210,6 +232,7 @@ int main(void)
     tcase_add_test(tc, inputs_refused_however_spelled);
     tcase_add_test(tc, atomic_write_long_names);
     tcase_add_test(tc, stale_temps_of_dead_processes_removed);
+    tcase_add_test(tc, temp_name_taken);
     tcase_add_test(tc, id_sets);
     suite_add_tcase(s, tc);
     return run_suite(s);
