@@ -92,7 +92,7 @@ check "--list <(...): a pipe is a list" test -f o_pipe/a.png
 
 # ---- interruption: any run ends within a second, 130/143, nothing partial --------------------
 # One image in 16-pixel windows takes many seconds: only a hard stop ends it in time.
-h img slow/big.png 600 600 5
+h img slow/big.png 1000 1000 5
 check "SIGTERM mid-image: exit 143 within a second" h sigrun TERM 1.5 1 \
     "$BIN" segment "${M[@]}" -q slow/big.png --tile 16 -o o_sig
 check "SIGINT mid-image: exit 130 within a second" h sigrun INT 1.5 1 \
@@ -102,7 +102,7 @@ check "SIGHUP (terminal closed) mid-image: exit 129 within a second" h sigrun HU
 check "interrupted mid-image: no partial mask, no temporary" bash -c "[ ! -e o_sig/big.png ] && [ -z \"\$(find o_sig -name '*.tmp*' 2>/dev/null)\" ]"
 mkdir -p ev/slow/img ev/slow/lab
 cp slow/big.png ev/slow/img/big.png
-"$PY" -c "from PIL import Image; Image.new('L', (600, 600), 1).save('ev/slow/lab/big.png')"
+"$PY" -c "from PIL import Image; Image.new('L', (1000, 1000), 1).save('ev/slow/lab/big.png')"
 check "eval: SIGTERM mid-image: exit 143 within a second" h sigrun TERM 1.5 1 \
     "$BIN" eval "${M[@]}" -q --images ev/slow/img --labels ev/slow/lab --tile 16 --json ev_sig.json
 check "eval interrupted: no JSON, no temporary" bash -c "[ ! -e ev_sig.json ] && [ -z \"\$(ls -A | grep tmp)\" ]"
