@@ -208,19 +208,22 @@ save_now() {
     grep -E '^saved ' "$TMP/log" | tail -1 | cut -d' ' -f2-
 }
 
-# quit_viewer WHAT: Escape must end the viewer, with status 0
-quit_viewer() {
-    xdotool key Escape
-    for _ in $(seq 1 100); do
+# stop_viewer HOW TENTHS STATUS WHAT: the command HOW must end the viewer
+# within TENTHS tenths of a second, with exit status STATUS
+stop_viewer() {
+    $1
+    for _ in $(seq 1 "$2"); do
         kill -0 "$VIEW_PID" 2>/dev/null || break
         sleep 0.1
     done
-    kill -0 "$VIEW_PID" 2>/dev/null && fail "Escape did not quit ($1)"
+    kill -0 "$VIEW_PID" 2>/dev/null && fail "'$1' did not end the viewer ($4)"
     wait "$VIEW_PID"
     local rc=$?
     VIEW_PID=""
-    [ "$rc" -eq 0 ] || fail "viewer exit status $rc ($1)"
+    [ "$rc" -eq "$3" ] || fail "viewer exit status $rc, want $3 ($4)"
 }
+# quit_viewer WHAT: Escape must end the viewer, with status 0
+quit_viewer() { stop_viewer "xdotool key Escape" 100 0 "$1"; }
 
 # 1. heatmap view at the default (last) layer
 xdotool key 2
@@ -291,14 +294,5 @@ SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --siz
     --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
 VIEW_PID=$!
 wait_log '^ready' 120 >/dev/null
-kill -TERM "$VIEW_PID"
-for _ in $(seq 1 10); do
-    kill -0 "$VIEW_PID" 2>/dev/null || break
-    sleep 0.1
-done
-kill -0 "$VIEW_PID" 2>/dev/null && fail "SIGTERM did not end the viewer within a second"
-wait "$VIEW_PID"
-rc=$?
-VIEW_PID=""
-[ "$rc" -eq 143 ] || fail "viewer exit status $rc after SIGTERM (want 143)"
+stop_viewer "kill -TERM $VIEW_PID" 10 143 "SIGTERM, within a second"
 echo "ok: e2e_viewer"
