@@ -22,8 +22,9 @@ unspecified, so a routed set may differ where two keys tie (never seen with
 real weights; --check reports the mask agreement), and adaptive average
 pooling becomes constant pooling matrices over the same windows.
 
---check runs the ONNX model with ONNX Runtime (so run this script with the
-python of build-bench-venv/, made by tools/ort_venv.py) on --image (default:
+--check validates the file (onnx.checker) and runs it with ONNX Runtime (so
+run this script with the python of build-bench-venv/, made by
+tools/ort_venv.py) on --image (default:
 random pixels) and prints the logits' relative error (max |a - b| / max |b|)
 and mask agreement against the reference, and against mitaseg's
 `segment --dump` logits with --dump; it exits 1 if the error is above --tol.
@@ -129,7 +130,7 @@ def load_image(path, size_wh, seed=12345):
     if not path:
         return np.random.default_rng(seed).integers(0, 256, (h, w, 3), dtype=np.uint8)
     from PIL import Image
-    img = np.asarray(Image.open(path).convert("RGB"))
+    img = np.array(Image.open(path).convert("RGB"))   # writable: torch warns otherwise
     if img.shape[:2] != (h, w):
         raise SystemExit("export_onnx: %s: image is %dx%d, the export is for %dx%d"
                          % (path, img.shape[1], img.shape[0], w, h))
@@ -139,6 +140,8 @@ def load_image(path, size_wh, seed=12345):
 def check(model, onnx_path, img, attn, from_image, dump=None):
     """Compares the ONNX model with the reference (and a mitaseg dump).
     Returns {name: (relative error, mask agreement %)}."""
+    import onnx
+    onnx.checker.check_model(onnx_path, full_check=True)   # well-formed, shapes infer
     with torch.no_grad():
         ref_mask, ref_logits = R.segment(model, img, attn=attn)
         feed = img if from_image else R.preprocess(img, model.cfg)[0].numpy()
