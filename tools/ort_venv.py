@@ -41,7 +41,8 @@ def ensure(venv_dir=VENV_DIR, timeout_s=900):
     tmp = "%s.tmp-%d" % (venv_dir, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     steps = [[BASE_PYTHON, "-m", "venv", "--system-site-packages", tmp],
-             [venv_python(tmp), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+             [venv_python(tmp), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+              "--timeout", "30", "--retries", "2"]
              + PACKAGES]
     try:
         for cmd in steps:
