@@ -43,9 +43,9 @@ IMAGENET_STD = [58.395, 57.12, 57.375]
 
 # tools/export_onnx.py sets this while it traces the model: the two ops the
 # ONNX exporter of torch 1.13 rejects get exportable equivalents (MiTA's
-# stable sort becomes torch.topk, whose order among tied probe values is not
-# specified; adaptive average pooling to a size that does not divide the input
-# becomes two pooling matrices over the same windows). Off: training and the
+# stable sort becomes torch.topk, which keeps either of two exactly tied keys;
+# adaptive average pooling to a size that does not divide the input becomes
+# window sums by 0/1 matrices, equal up to the last bit). Off: training and the
 # goldens use the exact ops.
 EXPORT_ONNX = False
 
@@ -122,23 +122,27 @@ def first_argmax(x, dim=-1):
     return torch.where(x == mx, pos, big).min(dim=dim).values
 
 
-def pool_matrix(n_in, n_out, dtype):
-    """(n_out, n_in): row i averages the window [floor(i*S/G), ceil((i+1)*S/G)).
-    Built in numpy: a traced constant, not tensor writes in the graph."""
-    A = np.zeros((n_out, n_in))
+def pool_windows(n_in, n_out, dtype):
+    """(n_out, n_in) 0/1 matrix: row i marks the window [floor(i*S/G),
+    ceil((i+1)*S/G)); and (n_out,) the window lengths. Built in numpy: a traced
+    constant, not tensor writes in the graph."""
+    A, n = np.zeros((n_out, n_in)), np.zeros(n_out)
     for i in range(n_out):
         a, b = (i * n_in) // n_out, -((-(i + 1) * n_in) // n_out)
-        A[i, a:b] = 1.0 / (b - a)
-    return torch.from_numpy(A).to(dtype)
+        A[i, a:b], n[i] = 1.0, b - a
+    return torch.from_numpy(A).to(dtype), torch.from_numpy(n).to(dtype)
 
 
 def adaptive_avg_pool(x, size):
-    """F.adaptive_avg_pool2d(x (B, C, H, W), size); as constant matrices
-    A_h x A_w^T when EXPORT_ONNX (identical windows, sum order may differ)."""
+    """F.adaptive_avg_pool2d(x (B, C, H, W), size); when EXPORT_ONNX, window
+    sums as constant 0/1 matrices A_h x A_w^T divided by the window areas
+    (identical windows; the sums' order may differ in the last bit)."""
     if not EXPORT_ONNX:
         return F.adaptive_avg_pool2d(x, size)
     H, W = x.shape[-2:]
-    return pool_matrix(H, size[0], x.dtype) @ x @ pool_matrix(W, size[1], x.dtype).t()
+    Ah, nh = pool_windows(H, size[0], x.dtype)
+    Aw, nw = pool_windows(W, size[1], x.dtype)
+    return (Ah @ x @ Aw.t()) / (nh[:, None] * nw[None, :])
 
 
 class AdaptiveAvgPool(nn.Module):

@@ -28,6 +28,45 @@ BUILD = os.path.join(REPO_DIR, "build")
 W, H = 64, 48   # tiny's short_side 40: resize and padding are in the graph
 
 
+class ExportSwitchTest(unittest.TestCase):
+    """mitaseg_ref.EXPORT_ONNX's replacements against the exact ops (no ONNX
+    Runtime needed)."""
+
+    def tearDown(self):
+        R.EXPORT_ONNX = False
+
+    def test_pooling_matrices_equal_adaptive_pooling(self):
+        x = torch.randn(2, 5, 13, 11, dtype=torch.float64)
+        for size in [(7, 7), (3, 4), (13, 11), (1, 1), (26, 6)]:   # incl. more cells than rows
+            want = torch.nn.functional.adaptive_avg_pool2d(x, size)
+            R.EXPORT_ONNX = True
+            got = R.adaptive_avg_pool(x, size)
+            R.EXPORT_ONNX = False
+            self.assertEqual(tuple(got.shape), tuple(want.shape))
+            self.assertLess(float((got - want).abs().max()), 1e-12, size)
+        self.assertIs(R.adaptive_avg_pool(x, (3, 4)).dtype, torch.float64)
+
+    def test_switch_keeps_the_model(self):
+        # Same routed sets and routes, logits to rounding, at the exact ops'
+        # default again once the switch is off.
+        model = R.load_model(TINY)
+        img = np.random.default_rng(3).integers(0, 256, (H, W, 3), dtype=np.uint8)
+        with torch.no_grad():
+            exact, switched = {}, {}
+            _, l0 = R.segment(model, img, stages=exact)
+            R.EXPORT_ONNX = True
+            _, l1 = R.segment(model, img, stages=switched)
+            R.EXPORT_ONNX = False
+            _, l2 = R.segment(model, img)
+        self.assertLess(float((l1 - l0).abs().max() / l0.abs().max()), 1e-5)
+        self.assertTrue(torch.equal(l2, l0))
+        for i in range(model.cfg["backbone"]["depth"]):
+            a, b = exact["layers.%d.topk_idx" % i], switched["layers.%d.topk_idx" % i]
+            self.assertTrue(torch.equal(a.sort(-1).values, b.sort(-1).values), i)
+            self.assertTrue(torch.equal(exact["layers.%d.route" % i],
+                                        switched["layers.%d.route" % i]), i)
+
+
 class ExportOnnxTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
