@@ -438,7 +438,9 @@ def main():
             for r in rows:
                 info = r["info"]
                 if "openblas" in info:
-                    libs["mitaseg"] = "mitaseg %s (%s)" % (report["mitaseg"], info["openblas"])
+                    libs["mitaseg"] = "mitaseg %s (%s build; %s)" % (
+                        report["mitaseg"], "CUDA-enabled" if info["cuda_linked"] else "CPU-only",
+                        info["openblas"])
                 elif r["contender"].startswith("ONNX"):
                     libs[r["contender"]] = "%s (CPU EP, intra-op %d, inter-op 1, all graph " \
                         "optimisations; opset 17 export)" % (r["contender"], args.threads)

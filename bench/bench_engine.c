@@ -47,8 +47,13 @@ static int stage_of(const char *name)
 /* The worker loop of --serve. Returns the exit status. */
 static int serve(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *ro)
 {
-    printf("{\"ready\": true, \"openblas\": \"%s\", \"core\": \"%s\"}\n",
-           openblas_get_config(), openblas_get_corename());
+#ifdef MS_HAVE_CUDA
+    const char *cuda = "true"; /* linked and loaded at start: part of the RSS */
+#else
+    const char *cuda = "false";
+#endif
+    printf("{\"ready\": true, \"openblas\": \"%s\", \"core\": \"%s\", \"cuda_linked\": %s}\n",
+           openblas_get_config(), openblas_get_corename(), cuda);
     fflush(stdout);
     char line[4096];
     while (fgets(line, sizeof line, stdin)) {
