@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mitaseg_ref as R  # noqa: E402
 import safetensors_io  # noqa: E402
+from ort_venv import rel_error, session  # noqa: E402
 
 OPSET = 17   # the newest torch 1.13's exporter writes
 
@@ -112,19 +113,9 @@ def export(model, out_path, size_wh, attn=None, from_image=False):
     return example
 
 
-def rel_error(a, b):
-    """max |a - b| / max |b| (the golden tests' measure)."""
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
 def run_onnx(path, feed, threads=1):
-    """(logits, mask) from ONNX Runtime, CPU, all graph optimisations."""
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    """(logits, mask) from ONNX Runtime."""
+    sess = session(path, threads)
     logits, mask = sess.run(None, {sess.get_inputs()[0].name: feed})
     return logits, mask
 

@@ -9,6 +9,9 @@ available"); Debian's numpy 1.24 already satisfies the pin.
   /usr/bin/python3 tools/ort_venv.py      makes it (if needed), prints its python
 
 ensure() returns (python path, None) or (None, why it cannot be made).
+Also here, without torch, for every user of ONNX Runtime (the export check,
+the benchmark's worker and driver): session() with the settings the
+benchmark states, and rel_error().
 """
 import os
 import shutil
@@ -70,6 +73,26 @@ def ensure(venv_dir=VENV_DIR, timeout_s=900):
         return None, str(e)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def session(path, threads):
+    """ONNX Runtime session: CPU EP, intra-op threads, inter-op 1, every graph
+    optimisation."""
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads = threads, 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def rel_error(a, b):
+    """max |a - b| / max |b| (the golden tests' measure); inf if shapes differ."""
+    import numpy as np
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.size != b.size:
+        return float("inf")
+    a, b = a.ravel(), b.ravel()
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
 if __name__ == "__main__":
