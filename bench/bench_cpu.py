@@ -421,7 +421,10 @@ def main():
             cfg = model_config(case[1])
             results = []
             for attention in attentions:
-                rows, skipped = run_case(args, tmp, case, attention, ort_py)
+                try:
+                    rows, skipped = run_case(args, tmp, case, attention, ort_py)
+                except RuntimeError as e:   # a worker died: its log's last lines
+                    sys.exit("bench_cpu: %s, %s attention: %s" % (case[0], attention, e))
                 report["skipped"] += skipped
                 results.append((attention_label(cfg, attention), rows))
                 bad |= any(r["rel_error"] > MAX_REL_ERROR or r["mask_equal_pct"] < MIN_MASK_AGREE
