@@ -245,8 +245,7 @@ def make_cases(args, tmp):
     """[(title, model path, (w, h), png, npy)]"""
     cases = []
     if args.model:
-        w, h = (int(v) for v in args.size.lower().split("x"))
-        rgb = load_rgb(args.image) if args.image else random_rgb(w, h)
+        rgb = load_rgb(args.image) if args.image else random_rgb(*args.size)
         h, w = rgb.shape[:2]
         src = os.path.basename(args.image) if args.image else "random pixels"
         cases.append(("%s, %dx%d, %s" % (os.path.basename(args.model), w, h, src), args.model,
@@ -396,8 +395,20 @@ def main():
         return worker_torch(args)
     if args.worker == "ort":
         return worker_ort(args)
-    if args.model and not (args.size or args.image):
-        ap.error("--model needs --size WxH or --image")
+    if args.model:
+        if not (args.size or args.image):
+            ap.error("--model needs --size WxH or --image")
+        for path in (args.model, args.image):
+            if path and not os.path.isfile(path):
+                ap.error("%s: no such file" % path)
+        if args.size:
+            try:
+                size = tuple(int(v) for v in args.size.lower().split("x"))
+                if len(size) != 2 or min(size) < 1:
+                    raise ValueError
+            except ValueError:
+                ap.error("--size: expected WxH, got '%s'" % args.size)
+            args.size = size
     if args.threads < 1 or args.rounds < 1:
         ap.error("--threads and --rounds must be positive")
     attentions = [a for a in args.attention.split(",") if a]

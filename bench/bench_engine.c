@@ -1,6 +1,5 @@
 /* Times engine_run on a synthetic image: warm-up once (plan + arena sizing),
- * then --repeat runs. Prints one JSON line; bench/bench_cpu.py compares it
- * with the PyTorch reference side by side. --stages adds the time per stage,
+ * then --repeat runs. Prints one JSON line. --stages adds the time per stage,
  * taken at the engine's trace points (on CUDA each point waits for the
  * stream and copies the stage out, so the sum exceeds a plain run a little).
  * --image runs a real image instead. --serve is bench/bench_cpu.py's worker
@@ -129,7 +128,11 @@ int main(int argc, char **argv)
             return 1;
         }
     } else {
-        if (!(img.rgb = malloc((size_t)w * h * 3))) return 1;
+        if (!(img.rgb = malloc((size_t)w * h * 3))) {
+            fprintf(stderr, "bench_engine: out of memory for a %dx%d image\n", w, h);
+            engine_free(e);
+            return 1;
+        }
         uint32_t s = 12345;
         for (size_t i = 0; i < (size_t)w * h * 3; i++) img.rgb[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
     }
