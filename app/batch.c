@@ -11,6 +11,12 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+/* A folder found through a symbolic link, walked after the real tree. */
+struct ms_batch_link {
+    char *dir, *rel;    /* owned */
+    int depth;
+};
+
 void batch_list_init(ms_batch_list *l) { memset(l, 0, sizeof *l); }
 
 void batch_list_free(ms_batch_list *l)
@@ -23,6 +29,11 @@ void batch_list_free(ms_batch_list *l)
     for (int i = 0; i < l->n_bad; i++) free(l->bad[i]);
     free(l->bad);
     fio_id_set_free(&l->visited);
+    for (int i = 0; i < l->n_linked; i++) {
+        free(l->linked[i].dir);
+        free(l->linked[i].rel);
+    }
+    free(l->linked);
     memset(l, 0, sizeof *l);
 }
 
@@ -127,11 +138,31 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Takes ownership of dir and rel. */
+static ms_status push_linked(ms_batch_list *l, char *dir, char *rel, int depth)
+{
+    if (l->n_linked == l->cap_linked) {
+        int cap = l->cap_linked ? 2 * l->cap_linked : 16;
+        struct ms_batch_link *nl = realloc(l->linked, (size_t)cap * sizeof *nl);
+        if (!nl) {
+            free(dir);
+            free(rel);
+            return ms_error(MS_ERR_OOM, "out of memory: %d linked folders at %s:%d", cap,
+                            __FILE__, __LINE__);
+        }
+        l->linked = nl;
+        l->cap_linked = cap;
+    }
+    l->linked[l->n_linked++] = (struct ms_batch_link){dir, rel, depth};
+    return MS_OK;
+}
+
 /* Adds the image files of dir (rel_prefix + name as rel), descending when
  * recursive into folders not walked before (by identity: a link back up the
- * tree adds nothing). Entries are sorted here only for a stable error order;
- * the list is sorted as a whole later. Only the top folder (depth 0) failing
- * to open is an error; below it, what cannot be read goes to l->bad. */
+ * tree adds nothing); folders behind a symbolic link go to l->linked.
+ * Entries are sorted here only for a stable error order; the list is sorted
+ * as a whole later. Only the top folder (depth 0) failing to open is an
+ * error; below it, what cannot be read goes to l->bad. */
 static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_prefix,
                          bool recursive, int depth)
 {
@@ -186,18 +217,20 @@ static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_pref
             if (image) st = add_bad(l, "%s: cannot read: %s", full, strerror(errno));
         } else if (S_ISDIR(sb.st_mode)) {
             bool skip = !recursive ||
-                        (l->has_skip && sb.st_dev == l->skip_dev && sb.st_ino == l->skip_ino);
-            if (!skip && fio_id_set_find(&l->visited, sb.st_dev, sb.st_ino) < 0)
+                        (l->has_skip && sb.st_dev == l->skip_dev && sb.st_ino == l->skip_ino) ||
+                        fio_id_set_find(&l->visited, sb.st_dev, sb.st_ino) >= 0;
+            struct stat lsb;
+            if (!skip && lstat(full, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
+                st = push_linked(l, full, rel, depth + 1);
+                full = rel = NULL; /* owned by l->linked now */
+            } else if (!skip) {
                 st = add_dir(l, full, rel, recursive, depth + 1);
+            }
         } else if (image && !S_ISREG(sb.st_mode)) {
             st = add_bad(l, "%s: not a regular file; skipped", full);
         } else if (image) {
-            int added = fio_id_set_add(&l->visited, sb.st_dev, sb.st_ino, 0, NULL);
-            if (added < 0) st = ms_error(MS_ERR_OOM, "out of memory: listing %s", dir);
-            if (added > 0) { /* 0: a second name of a file already taken */
-                st = list_push(l, full, rel);
-                full = rel = NULL; /* owned by the list now */
-            }
+            st = list_push(l, full, rel);
+            full = rel = NULL; /* owned by the list now */
         }
         free(full);
         free(rel);
@@ -256,6 +289,26 @@ static ms_status push_spelled(ms_batch_list *l, const char *path, const char *re
     return MS_OK;
 }
 
+/* The folders found through links, once the real tree is walked: each one
+ * not walked by then (a link out of the tree) is walked now, in the order
+ * found; the ones it links to in turn join the queue. */
+static ms_status walk_linked(ms_batch_list *l, bool recursive)
+{
+    ms_status st = MS_OK;
+    for (int i = 0; i < l->n_linked && st == MS_OK; i++) {
+        struct ms_batch_link k = l->linked[i]; /* add_dir may move l->linked */
+        struct stat sb;
+        if (stat(k.dir, &sb) == 0 && fio_id_set_find(&l->visited, sb.st_dev, sb.st_ino) < 0)
+            st = add_dir(l, k.dir, k.rel, recursive, k.depth);
+    }
+    for (int i = 0; i < l->n_linked; i++) {
+        free(l->linked[i].dir);
+        free(l->linked[i].rel);
+    }
+    l->n_linked = 0;
+    return st;
+}
+
 static ms_status add_spelled(ms_batch_list *l, const char *path, const char *rel_source,
                              bool recursive, bool must_exist)
 {
@@ -266,7 +319,10 @@ static ms_status add_spelled(ms_batch_list *l, const char *path, const char *rel
     }
     /* A folder named explicitly is read even when it is the skipped one (-o
      * = the input folder); the skip applies to folders found by -r. */
-    if (S_ISDIR(sb.st_mode)) return add_dir(l, path, "", recursive, 0);
+    if (S_ISDIR(sb.st_mode)) {
+        MS_TRY(add_dir(l, path, "", recursive, 0));
+        return walk_linked(l, recursive);
+    }
     return push_spelled(l, path, rel_source);
 }
 

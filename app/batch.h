@@ -34,10 +34,13 @@ typedef struct {
     dev_t skip_dev;
     ino_t skip_ino;
     bool has_skip;
-    /* Folders walked and files taken by folder enumeration, by identity: a
-     * link loop (loop -> ., up -> ..) or a second way to a folder or file
-     * adds nothing more. */
+    /* Folders walked, by identity: a link loop (loop -> ., up -> ..) or a
+     * second way to a folder adds nothing more. Folders reached through a
+     * symbolic link wait in `linked` until the real tree is walked, so the
+     * real path wins and outputs mirror the real folders. */
     fio_id_set visited;
+    struct ms_batch_link *linked;   /* (n_linked) */
+    int n_linked, cap_linked;
     /* Entries that could not be added, one message each ("list.txt:2: NUL
      * byte in a path", an unreadable sub-folder): the command reports them
      * and counts them as failed; enumeration goes on past them. */

@@ -268,21 +268,31 @@ START_TEST(inputs_never_overwritten)
 END_TEST
 
 /* -r over loops: loop -> . and up -> ../ would list without end (each level
- * doubling); every file is taken once, under its shortest name. */
+ * doubling); every folder is walked once, under its real path (a link into
+ * the tree, even one sorting first, adds nothing), and a link out of the
+ * tree is walked. Files keep every name they have (a link to a file is an
+ * input of its own name). */
 START_TEST(link_loops_walked_once)
 {
     touch("t/b.png", "x");
     touch("t/sub/a.png", "x");
+    touch("t/run3/r.png", "x");
+    touch("outside/o.png", "x");
     ck_assert_int_eq(symlink(".", at("t/sub/loop")), 0);
     ck_assert_int_eq(symlink("../", at("t/sub/up")), 0);
     ck_assert_int_eq(symlink("a.png", at("t/sub/alias.png")), 0);
+    ck_assert_int_eq(symlink("run3", at("t/latest")), 0); /* "latest" sorts before "run3" */
+    ck_assert_int_eq(symlink("../../outside", at("t/sub/ext")), 0);
     ms_batch_list l;
     batch_list_init(&l);
     ck_assert_int_eq(batch_add_path(&l, at("t"), true), MS_OK);
     batch_sort_unique(&l);
-    ck_assert_int_eq(l.n, 2);
+    ck_assert_int_eq(l.n, 5);
     ck_assert_int_ge(find_rel(&l, "b.png"), 0);
     ck_assert_int_ge(find_rel(&l, "sub/a.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "sub/alias.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "run3/r.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "sub/ext/o.png"), 0);
     ck_assert_int_eq(l.n_bad, 0);
     batch_list_free(&l);
 }
