@@ -924,6 +924,20 @@ int cmd_segment(int argc, char **argv)
         rc = 2;
         goto out_workers;
     }
+    /* -o made and tried once: a folder that cannot be written is one line
+     * before the run, not one line per image after it. */
+    if (a.out_dir) {
+        char *probe = NULL;
+        ms_status st = batch_output_path(&probe, a.out_dir, "probe", ".png");
+        if (st == MS_OK) st = batch_make_parent_dirs(probe);
+        if (st == MS_OK) st = fio_check_writable(probe);
+        free(probe);
+        if (st != MS_OK) {
+            cli_error("segment: -o %s: %s", a.out_dir, ms_last_error());
+            rc = 2;
+            goto out_workers;
+        }
+    }
     const ms_config *cfg = engine_config(workers[0].e);
     if (a.heatmaps && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
                           MS_ATTN_MITA) {

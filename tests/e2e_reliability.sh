@@ -169,7 +169,10 @@ mkdir -p ev/oor
 printf 'img/a.png oor/a.png\n' > ev/oor.txt
 "$BIN" eval "${M[@]}" -q --list ev/oor.txt >out.txt 2>err.txt
 check "eval: every label pixel out of range is an error" bash -c "test $? -eq 1 && grep -q 'no labelled pixel' err.txt"
-start=$(date +%s)
+echo file > notafolder
+seg in/a.png in/b.png -o notafolder/out 2>err.txt
+check "segment -o that cannot be made: one line before the run, exit 2" bash -c \
+    "test $? -eq 2 && [ \$(wc -l < err.txt) -eq 1 ] && grep -q 'notafolder' err.txt"
 "$BIN" eval "${M[@]}" -q --list ev/list.txt --json nodir/x.json >out.txt 2>err.txt
 check "eval --json to an unwritable path: fails before the run" bash -c \
     "test $? -ne 0 && grep -q 'nodir/x.json' err.txt && ! grep -q mIoU out.txt"
