@@ -283,57 +283,82 @@ void fio_remove_live_temps(void)
         if (__atomic_load_n(&g_live_state[i], __ATOMIC_ACQUIRE) == 2) unlink(g_live_path[i]);
 }
 
-/* Temporary names: ".mitaseg-HOST-PID-SEQ.tmp", HOST being 8 hex digits of a
- * hash of the host name, so a run only ever removes temporaries of processes
- * it can see (a folder shared over the network has other hosts' PIDs). At
- * most 50 bytes (about 30 in practice): fits in any folder whatever the
- * final name's length. */
+/* Temporary names: ".mitaseg-HOST-BOOT-PID-SEQ.tmp". HOST is 8 hex digits of
+ * a hash of the host name, so a run only ever removes temporaries of
+ * processes it can see (a folder shared over the network has other hosts'
+ * PIDs); BOOT, of the kernel's boot id, so after a reboot (a power loss)
+ * the old temporaries go even where their PID now belongs to another
+ * process. At most 59 bytes (about 40 in practice): fits in any folder
+ * whatever the final name's length. */
 static const char temp_prefix[] = ".mitaseg-";
 
-static uint32_t g_host_id;
+static uint32_t g_host_id, g_boot_id; /* g_boot_id 0: unknown */
 static pthread_once_t g_host_once = PTHREAD_ONCE_INIT;
+
+static uint32_t fnv1a(const char *s)
+{
+    uint32_t h = 2166136261u;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 16777619u;
+    return h;
+}
 
 static void host_id_init(void)
 {
     char name[256] = "";
     gethostname(name, sizeof name - 1);
-    uint32_t h = 2166136261u; /* FNV-1a */
-    for (const char *p = name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
-    g_host_id = h;
+    g_host_id = fnv1a(name);
+    char boot[64] = "";
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, boot, sizeof boot - 1);
+        close(fd);
+        boot[n > 0 ? n : 0] = '\0';
+        boot[strcspn(boot, "\n")] = '\0';
+    }
+    g_boot_id = boot[0] ? fnv1a(boot) : 0;
+    if (boot[0] && !g_boot_id) g_boot_id = 1; /* 0 means unknown */
 }
 
-static uint32_t this_host(void)
+static void this_host(uint32_t *host, uint32_t *boot)
 {
     pthread_once(&g_host_once, host_id_init);
-    return g_host_id;
+    *host = g_host_id;
+    *boot = g_boot_id;
+}
+
+static bool parse_hex8(const char **p, uint32_t *v)
+{
+    char *end;
+    errno = 0;
+    unsigned long x = strtoul(*p, &end, 16);
+    if (end != *p + 8 || *end != '-' || errno) return false;
+    *v = (uint32_t)x;
+    *p = end + 1;
+    return true;
 }
 
 /* Parses a temporary name; false when it is not one. */
-static bool parse_temp_name(const char *name, uint32_t *host, long *pid)
+static bool parse_temp_name(const char *name, uint32_t *host, uint32_t *boot, long *pid)
 {
     size_t lp = sizeof temp_prefix - 1;
     if (strncmp(name, temp_prefix, lp) != 0) return false;
     const char *p = name + lp;
+    if (!parse_hex8(&p, host) || !parse_hex8(&p, boot)) return false;
     char *end;
-    errno = 0;
-    unsigned long h = strtoul(p, &end, 16);
-    if (end != p + 8 || *end != '-') return false;
-    p = end + 1;
     long id = strtol(p, &end, 10);
     if (end == p || *end != '-' || id <= 0 || errno) return false;
     p = end + 1;
     strtoul(p, &end, 10);
     if (end == p || strcmp(end, ".tmp") != 0 || errno) return false;
-    *host = (uint32_t)h;
     *pid = id;
     return true;
 }
 
 bool fio_is_temp_name(const char *name)
 {
-    uint32_t h;
+    uint32_t h, b;
     long pid;
-    return parse_temp_name(name, &h, &pid);
+    return parse_temp_name(name, &h, &b, &pid);
 }
 
 int fio_remove_stale_temps(const char *dir)
@@ -341,15 +366,19 @@ int fio_remove_stale_temps(const char *dir)
     DIR *d = opendir(dir);
     if (!d) return 0;
     int removed = 0;
-    uint32_t me = this_host();
+    uint32_t me, my_boot;
+    this_host(&me, &my_boot);
     struct dirent *de;
     while ((de = readdir(d)) != NULL) {
-        uint32_t h;
+        uint32_t h, b;
         long pid;
-        if (!parse_temp_name(de->d_name, &h, &pid) || h != me || pid == (long)getpid()) continue;
-        /* ESRCH: no such process. EPERM means it runs under another user. */
-        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        if (unlinkat(dirfd(d), de->d_name, 0) == 0) removed++;
+        if (!parse_temp_name(de->d_name, &h, &b, &pid) || h != me) continue;
+        /* An earlier boot's: every process of it is gone, whatever its PID. */
+        bool stale = b && my_boot && b != my_boot;
+        /* This boot's: gone when no such process (EPERM: another user's, alive). */
+        if (!stale && pid != (long)getpid())
+            stale = kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+        if (stale && unlinkat(dirfd(d), de->d_name, 0) == 0) removed++;
     }
     closedir(d);
     return removed;
@@ -379,7 +408,7 @@ ms_status fio_atomic_begin(fio_atomic *a, const char *path)
     MS_TRY(fio_check_output(path));
     char *dir = parent_of(path);
     MS_CHECK_ALLOC(dir, strlen(path));
-    size_t n = strlen(dir) + 64;
+    size_t n = strlen(dir) + 80;
     a->tmp = malloc(n);
     a->path = strdup(path);
     if (!a->tmp || !a->path) {
@@ -388,12 +417,14 @@ ms_status fio_atomic_begin(fio_atomic *a, const char *path)
         free(a->path);
         return ms_error(MS_ERR_OOM, "out of memory: writing %s at %s:%d", path, __FILE__, __LINE__);
     }
+    uint32_t host, boot;
+    this_host(&host, &boot);
     int fd = -1;
-    /* A name can exist already only when an earlier boot's process had this
-     * PID (the stale sweep spares our own PID): then the next number. */
+    /* A name can exist already only when the boot id is unknown and an
+     * earlier boot's process had this PID: then the next number. */
     for (int tries = 0; fd < 0 && tries < 100; tries++) {
-        snprintf(a->tmp, n, "%s/%s%08x-%ld-%lu.tmp", dir, temp_prefix, (unsigned)this_host(),
-                 (long)getpid(), __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
+        snprintf(a->tmp, n, "%s/%s%08x-%08x-%ld-%lu.tmp", dir, temp_prefix, (unsigned)host,
+                 (unsigned)boot, (long)getpid(), __atomic_add_fetch(&seq, 1, __ATOMIC_RELAXED));
         /* Published before it exists, so a signal between the open and the
          * claim cannot leave it behind (unlinking a name not there is harmless). */
         a->slot = live_claim(a->tmp);

@@ -83,8 +83,8 @@ ms_status fio_write_file(const char *path, const void *data, size_t n);
 /* True when `name` (no folder) is a temporary name of this program. */
 bool fio_is_temp_name(const char *name);
 /* Removes from folder dir the temporary files of this program left by
- * processes of this machine that no longer run. Returns how many (a folder
- * that cannot be read counts 0). */
+ * processes of this machine that no longer run, or by an earlier boot of it.
+ * Returns how many (a folder that cannot be read counts 0). */
 int fio_remove_stale_temps(const char *dir);
 /* Async-signal-safe: removes the temporary files being written right now. */
 void fio_remove_live_temps(void);

@@ -124,12 +124,20 @@ elif cmd == 'recfg':                  # recfg SRC DST JSON_PATCH: SRC with confi
     h += b' ' * (-len(h) % 8)
     with open(args[1], 'wb') as f:
         f.write(struct.pack('<Q', len(h)) + h + data)
-elif cmd == 'temp_name':              # temp_name PID SEQ: mitaseg's temp file name on this host
+elif cmd == 'temp_name':              # temp_name PID SEQ [BOOT]: mitaseg's temp file name on this host
     import socket
-    h = 2166136261
-    for c in socket.gethostname().encode():
-        h = ((h ^ c) * 16777619) & 0xffffffff
-    print('.mitaseg-%08x-%s-%s.tmp' % (h, args[0], args[1]))
+    def fnv1a(b):
+        h = 2166136261
+        for c in b:
+            h = ((h ^ c) * 16777619) & 0xffffffff
+        return h
+    try:
+        boot = fnv1a(open('/proc/sys/kernel/random/boot_id', 'rb').read().strip()) or 1
+    except OSError:
+        boot = 0
+    if len(args) > 2:
+        boot = int(args[2], 16)
+    print('.mitaseg-%08x-%08x-%s-%s.tmp' % (fnv1a(socket.gethostname().encode()), boot, args[0], args[1]))
 elif cmd == 'sigrun':                 # sigrun SIG DELAY LIMIT CMD...: CMD must end by exit(128+SIG) within LIMIT s of SIG
     import signal, subprocess, time
     sig = getattr(signal, 'SIG' + args[0]); delay = float(args[1]); limit = float(args[2])

@@ -154,13 +154,17 @@ sh -c 'exit 0' & dead=$!; wait $dead
 mkdir -p o_stale/sub
 stale=$(h temp_name $dead 1)
 live=$(h temp_name $$ 1)
+# a power loss: the temporary of an earlier boot, whose PID now runs again
+old_boot=$(h temp_name $$ 2 0badb007)
 echo partial > "o_stale/$stale"
 echo partial > "o_stale/sub/$stale"
 echo mine > "o_stale/$live"
+echo partial > "o_stale/$old_boot"
 echo theirs > o_stale/a.png.tmp-12345
 mkdir -p in_stale/sub && cp in/a.png in_stale/ && cp in/b.png in_stale/sub/
 seg -q -r in_stale -o o_stale
 check "stale temporaries of dead runs removed" bash -c "[ ! -e 'o_stale/$stale' ] && [ ! -e 'o_stale/sub/$stale' ]"
+check "an earlier boot's temporary removed, though its PID runs now" test ! -e "o_stale/$old_boot"
 check "a live run's temporary and other programs' files kept" bash -c "[ -e 'o_stale/$live' ] && [ -e o_stale/a.png.tmp-12345 ]"
 
 # ---- 12. smaller: errors that are errors, clear messages -----------------------------------------
