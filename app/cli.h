@@ -42,13 +42,13 @@ void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cli_fputs_escaped(const char *s, FILE *f);
 
 /* Interrupts (SIGINT, SIGTERM, SIGHUP): every command ends within a second
- * with exit 128 + the signal (130, 143, 129), after removing the temporary files being
- * written (fio_remove_live_temps), so nothing partial is left. main()
- * installs this for every command, which then ends at once on a signal. A
- * command that calls cli_interrupt_graceful() is told instead (the first
- * signal sets cli_interrupted) and finishes what it is doing, keeping
- * finished outputs; if that takes more than a second, or at a second signal,
- * the process ends at once all the same. */
+ * with exit 128 + the signal (130, 143, 129), after removing the temporary
+ * files being written (fio_remove_live_temps), so nothing partial is left.
+ * main() installs this for every command, which then ends at once on a
+ * signal. A command that calls cli_interrupt_graceful() is told instead (the
+ * first signal sets cli_interrupted) and finishes what it is doing, keeping
+ * finished outputs; if that takes more than half a second, or at a second
+ * signal, the process ends at once all the same. */
 extern volatile sig_atomic_t cli_interrupted; /* the signal; 0 while none came */
 void cli_interrupt_init(void);
 void cli_interrupt_graceful(void);

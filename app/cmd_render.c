@@ -158,7 +158,7 @@ int cmd_render(int argc, char **argv)
         return 1;
     }
     /* The image and the model are inputs now: -o may be neither, and must
-     * be writable, before any work. */
+     * be writable, before the model runs. */
     if (fio_check_writable(out) != MS_OK) {
         cli_error("render: -o: %s", ms_last_error());
         engine_free(eng);
