@@ -10,6 +10,7 @@ int cmd_info(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_view(int argc, char **argv);
 int cmd_render(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 
 /* Options every engine-running command accepts. */
 typedef struct {

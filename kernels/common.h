@@ -34,6 +34,18 @@ MS_HD uint32_t ms_float_bits(float x)
 #endif
 }
 
+/* The float with the given bits. */
+MS_HD float ms_bits_float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
 typedef enum {
     MS_OK = 0,
     MS_ERR_IO,          /* file missing, unreadable, write failed */
@@ -105,6 +117,9 @@ typedef struct {
     int threads;          /* CPU threads (OpenMP + OpenBLAS) */
     bool dry_run;
     bool fp32;            /* CUDA: FP32 GEMMs (verification); else FP16/BF16 tensor cores */
+    bool tc_round;        /* CPU: round GEMM operands as CUDA's tensor-core mode does
+                           * (BF16 for linear and conv_transpose2x2, TF32 for conv2d,
+                           * FP32 accumulation), to compare against it; verification only */
     ms_arena *scratch;    /* temporary buffers for ops, from the activation arena */
     void *cuda;           /* ms_cuda_ctx *, see kernels/cuda_ctx.h */
 } ms_backend;
