@@ -126,6 +126,12 @@ typedef struct {
 
 void backend_set_threads(ms_backend *be, int threads);
 
+/* Whether this machine has an NVIDIA GPU, judged without CUDA: the kernel
+ * driver lists one (/proc/driver/nvidia/gpus, /dev/nvidia0), or
+ * $MS_EXPECT_GPU=1 says so (the device scripts set it when nvidia-smi sees
+ * one). With a GPU present, a test that cannot use it must fail, not skip. */
+bool ms_gpu_present(void);
+
 #ifdef __cplusplus
 }
 #endif
