@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
     float mx, l;
     osm_init(&mx, &l, acc, d);
     if (qi >= 0) {
-        const float *qr = qkv + (size_t)qi * c3 + (size_t)h * d;
+        const float *qr = qkv + mita_qkv_index(qi, (int)c3, (long)h * d);
         MS_UNROLL
         for (int i = 0; i < d; i++) q[i] = qr[i];
     }
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
         __syncthreads(); /* the previous tile is consumed */
         for (int i = tid; i < nt * d; i += blockDim.x) {
             int j = i / d, ch = i - j * d;
-            const float *row = qkv + (size_t)ids[t0 + j] * c3 + (size_t)h * d + ch;
+            const float *row = qkv + mita_qkv_index(ids[t0 + j], (int)c3, (long)h * d + ch);
             ks[i] = row[c];
             vs[i] = row[2 * (size_t)c];
         }
@@ -406,7 +406,10 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
                         heads, m, k);
     if (d > MS_MITA_DMAX)
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: head dim %d > %d", d, MS_MITA_DMAX);
-    if ((size_t)n * 3 * c > (size_t)INT32_MAX || (size_t)heads * m * n > ((size_t)1 << 40))
+    /* Indexing is 64-bit (mita_qkv_index, size_t offsets, cuBLAS strides as
+     * long long), so n * 3c may pass 2^31; what stays bounded is the M x N
+     * probe and routing matrices per head. */
+    if ((size_t)heads * m * n > ((size_t)1 << 40))
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: n=%d too large", n);
 
     /* Routed tile: as many keys (up to 64) as fit next to the summaries in
