@@ -699,7 +699,7 @@ START_TEST(test_errors)
     ck_assert_int_ne(op_mita(&gb, NULL, NULL, 4, 4, 10, 3, &p, NULL), MS_OK);
     ck_assert_str_ne(ms_last_error(), "");
     /* GPU out of memory: a status and a message, not a crash. Not under
-     * MS_BACKEND_SMALL, the compute-sanitizer run (tests/gpu/device-check.sh):
+     * MS_BACKEND_SMALL, the compute-sanitizer run (tests/gpu/gpu-run.sh):
      * the sanitizer counts the deliberately failing cudaMalloc (and the
      * cudaGetLastError that clears it) as errors, failing that run. */
     if (!g_small) {
