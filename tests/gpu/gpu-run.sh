@@ -76,7 +76,9 @@ bounded() {
 }
 finish() {
     say ""
-    say "elapsed: $(elapsed) s of a $BUDGET s budget; skipped:${SKIPPED:- nothing}; status: $([ $STATUS = 0 ] && echo ok || echo FAILURES)"
+    local why=""
+    [ $GPU = 0 ] && [ $STATUS = 0 ] && why=" (a rehearsal: no GPU here, so the GPU parts were skipped)"
+    say "elapsed: $(elapsed) s of a $BUDGET s budget; skipped:${SKIPPED:- nothing}; status: $([ $STATUS = 0 ] && echo ok || echo FAILURES)$why"
     exit $STATUS
 }
 
@@ -249,10 +251,13 @@ if want backend; then
         rc=$?
         line=$(grep -E '^[0-9]+%' "$OUT/logs/$t.log" | tail -1)
         if [ $rc = 77 ] && [ $GPU = 0 ]; then
-            skip "$t" "$(head -2 "$OUT/logs/$t.log" | tail -1)"
+            skip "$t" "$(grep -m1 '^skipped' "$OUT/logs/$t.log" | sed 's/^skipped: //')"
             continue
         fi
-        say "- $t: $(verdict $rc) $line"
+        note=""
+        grep -q '^note: no CUDA here' "$OUT/logs/$t.log" && note=" (its CUDA case not run: no GPU)"
+        [ -n "$note" ] && SKIPPED="$SKIPPED $t(cuda)"
+        say "- $t: $(verdict $rc) $line$note"
         if [ $rc != 0 ]; then
             STATUS=1
             grep -E ':F:|:E:|^FAIL' "$OUT/logs/$t.log" | head -15 | sed 's/^/    /' | tee -a "$SUM"
