@@ -2,7 +2,7 @@
  * CPU and its OpenBLAS, the CUDA driver, runtime and libraries, each GPU,
  * then the self-test (app/selftest.c) on every usable device, as a table.
  * Exit 0: every self-test row passed (no GPU is not a failure, only said);
- * 1: a row failed; 2: usage. */
+ * 1: a row failed, or a GPU is present that cannot be used; 2: usage. */
 #include <cblas.h>
 #include <limits.h>
 #include <stdio.h>
@@ -27,9 +27,12 @@ static const char doctor_help[] =
     "versions, each GPU (name, compute capability, memory); then a self-test that\n"
     "runs every op and a bundled tiny model on each usable device against the CPU\n"
     "and prints a table (op, device, reference, max error, tolerance, result).\n"
+    "On a GPU each op runs in FP32 mode against the CPU and in tensor-core mode\n"
+    "against the CPU with the same operand rounding.\n"
     "On the CPU the ops run on all threads against one thread, and the model\n"
     "against the golden output of the independent Python reference. Exit status:\n"
-    "0 when every row passed, 1 when one failed.\n"
+    "0 when every row passed, 1 when one failed or a GPU is present that CUDA\n"
+    "cannot use (no GPU at all is not a failure).\n"
     "\n"
     "options:\n"
     "  --no-selftest           only the facts, no self-test\n"
@@ -99,7 +102,8 @@ static void print_cpu(void)
     printf("openblas: %s; core %s\n", openblas_get_config(), openblas_get_corename());
 }
 
-/* Prints the CUDA facts; returns how many GPUs there are (0 without CUDA). */
+/* Prints the CUDA facts; returns how many GPUs CUDA sees (0 without CUDA),
+ * -1 when the machine has a GPU (ms_gpu_present) that CUDA cannot use. */
 static int print_cuda(void)
 {
 #ifdef MS_HAVE_CUDA
@@ -121,6 +125,11 @@ static int print_cuda(void)
                v.driver / 1000, (v.driver % 1000) / 10, v.runtime / 1000,
                (v.runtime % 1000) / 10);
     if (v.devices <= 0) {
+        if (ms_gpu_present()) {
+            printf("gpus: a GPU is present, but CUDA cannot use it: %s\n",
+                   v.device_error);
+            return -1;
+        }
         printf("gpus: none: %s; the CPU is used\n", v.device_error);
         return 0;
     }
@@ -139,7 +148,8 @@ static int print_cuda(void)
     return v.devices;
 #else
     printf("cuda: this build has no CUDA backend (built without the CUDA toolkit or with "
-           "-DMS_CUDA=OFF); the CPU is used\n");
+           "-DMS_CUDA=OFF); the CPU is used%s\n",
+           ms_gpu_present() ? " (this machine has a GPU: a CUDA build would use it)" : "");
     return 0;
 #endif
 }
@@ -182,8 +192,9 @@ int cmd_doctor(int argc, char **argv)
     printf("mitaseg doctor\n");
     print_cpu();
     int gpus = print_cuda();
+    int unusable = gpus < 0; /* GPUs present that cannot be used: failures */
     fflush(stdout);
-    if (!selftest) return 0;
+    if (!selftest) return unusable ? 1 : 0;
 
     ms_selftest st = {0};
     double t0 = cli_now_s();
@@ -196,6 +207,7 @@ int cmd_doctor(int argc, char **argv)
         ms_cuda_ctx *cu = NULL;
         if (cuda_ctx_init(&cu, i) != MS_OK) {
             printf("%s: not usable: %s\n", label, ms_last_error());
+            unusable++;
             continue;
         }
         double tg = cli_now_s();
@@ -215,7 +227,9 @@ int cmd_doctor(int argc, char **argv)
     print_table(&st);
     printf("\nself-test: %s (%d rows, %d failed, %.2f s)\n",
            st.failed ? "FAILED" : "all passed", st.count, st.failed, cli_now_s() - t0);
-    int rc = st.failed ? 1 : 0;
+    if (unusable) printf("gpus: %s unusable (above): fix that to use the GPU\n",
+                         gpus < 0 ? "the GPU present is" : "some are");
+    int rc = st.failed || unusable ? 1 : 0;
     selftest_free(&st);
     return rc;
 }

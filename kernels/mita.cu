@@ -35,27 +35,25 @@ struct mita_layout {
     size_t total;
 };
 
-static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
-
 static mita_layout mita_plan(int n, int c, int heads, int m, int k)
 {
     mita_layout L;
     size_t o = 0;
     size_t hm = (size_t)heads * m, hn = (size_t)heads * n;
-    L.land = o;    o += al256((size_t)m * c * sizeof(float));
-    L.probe = o;   o += al256(hm * n * sizeof(float));
-    L.route_s = o; o += al256(hn * m * sizeof(float));
-    L.sv = o;      o += al256((size_t)m * c * sizeof(float));
-    L.idx = o;     o += al256(hm * k * sizeof(int32_t));
-    L.route = o;   o += al256(hn * sizeof(int32_t));
-    L.counts = o;  o += al256(hm * sizeof(int));
-    L.cursor = o;  o += al256(hm * sizeof(int));
-    L.starts = o;  o += al256(hm * sizeof(int));
-    L.chunks = o;  o += al256((hm + 1) * sizeof(int));
-    L.order = o;   o += al256(hn * sizeof(int));
-    L.cand = o;    o += k > MS_TOPK_SMEM ? al256(hm * k * sizeof(uint64_t)) : 0;
+    L.land = o;    o += cuda_align256((size_t)m * c * sizeof(float));
+    L.probe = o;   o += cuda_align256(hm * n * sizeof(float));
+    L.route_s = o; o += cuda_align256(hn * m * sizeof(float));
+    L.sv = o;      o += cuda_align256((size_t)m * c * sizeof(float));
+    L.idx = o;     o += cuda_align256(hm * k * sizeof(int32_t));
+    L.route = o;   o += cuda_align256(hn * sizeof(int32_t));
+    L.counts = o;  o += cuda_align256(hm * sizeof(int));
+    L.cursor = o;  o += cuda_align256(hm * sizeof(int));
+    L.starts = o;  o += cuda_align256(hm * sizeof(int));
+    L.chunks = o;  o += cuda_align256((hm + 1) * sizeof(int));
+    L.order = o;   o += cuda_align256(hn * sizeof(int));
+    L.cand = o;    o += k > MS_TOPK_SMEM ? cuda_align256(hm * k * sizeof(uint64_t)) : 0;
     size_t nch = ((size_t)n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
-    L.part = o;    o += nch > 1 ? al256(hm * nch * (c / heads) * sizeof(float)) : 0;
+    L.part = o;    o += nch > 1 ? cuda_align256(hm * nch * (c / heads) * sizeof(float)) : 0;
     L.total = o;
     return L;
 }

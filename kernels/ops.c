@@ -277,7 +277,8 @@ ms_status op_conv2d(ms_backend *be, float *out, const float *in, const float *w,
     size_t ni = (size_t)ci * h * wd, nw = (size_t)co * ci * kh * kw;
     size_t tc = be->device == MS_DEVICE_CPU && be->tc_round ? ni + nw : 0;
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(conv2d_cuda_scratch_bytes(ci, h, wd, co, kh, kw, stride, pad))
+                       ? CUDA_BYTES(conv2d_cuda_scratch_bytes(ci, h, wd, co, kh, kw, stride, pad,
+                                                              be->fp32))
                        : (floats + tc) * sizeof(float);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
@@ -311,7 +312,7 @@ ms_status op_conv_transpose2x2(ms_backend *be, float *out, const float *in, cons
     size_t ni = (size_t)ci * h * wd, nw = (size_t)ci * co * 4;
     size_t tc = be->device == MS_DEVICE_CPU && be->tc_round ? ni + nw : 0;
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(conv_transpose2x2_cuda_scratch_bytes(ci, h, wd, co))
+                       ? CUDA_BYTES(conv_transpose2x2_cuda_scratch_bytes(ci, h, wd, co, be->fp32))
                        : (floats + tc) * sizeof(float);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));

@@ -37,6 +37,16 @@ else
     check "doctor: says why no GPU is used" \
         grep -Eq '^(gpus: none: .+; the CPU is used|cuda: this build has no CUDA backend)' "$T/out"
     check "doctor: no GPU rows" bash -c "! grep -q 'cuda:0' '$T/out'"
+    # a GPU said to be present that CUDA cannot use is a failure (CUDA builds)
+    MS_EXPECT_GPU=1 "$BIN" doctor --no-selftest >"$T/out7" 2>&1
+    rc=$?
+    if grep -q '^cuda: this build has no CUDA backend' "$T/out7"; then
+        check "GPU present, CPU-only build: exit 0, said" \
+            bash -c "test $rc -eq 0 && grep -q 'this machine has a GPU' '$T/out7'"
+    else
+        check "GPU present but unusable: exit 1, said" \
+            bash -c "test $rc -eq 1 && grep -q '^gpus: a GPU is present, but CUDA cannot use it' '$T/out7'"
+    fi
 fi
 
 "$BIN" doctor --no-selftest >"$T/out2" 2>&1
