@@ -107,12 +107,23 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cu->dnn, D.x, D.f, D.conv, D.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
                                                        perf));
+    /* Outside FP32 mode, no transform algorithms (FFT, Winograd): their
+     * transformed operands are no longer TF32 values, so the tensor cores
+     * would round them again and the result would drift from the CPU's
+     * tc_round by ~2^-11 instead of summation order. */
     int pick = -1;
-    for (int i = 0; i < got && pick < 0; i++)
+    for (int i = 0; i < got && pick < 0; i++) {
+        cudnnConvolutionFwdAlgo_t a = perf[i].algo;
+        bool transform = a == CUDNN_CONVOLUTION_FWD_ALGO_FFT ||
+                         a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+                         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+                         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
         if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= cu->workspace_bytes &&
-            (!be->fp32 || (perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
-                           perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)))
+            (be->fp32 ? perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
+                            perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                      : !transform))
             pick = i;
+    }
     if (pick < 0)
         return ms_error(MS_ERR_UNSUPPORTED,
                         "conv2d_cuda: no cuDNN algorithm for %dx%dx%d -> %d (%dx%d s%d p%d) "
