@@ -40,24 +40,6 @@ static const char doctor_help[] =
     "  --selftest-golden FILE  its expected output (default: assets/selftest/tiny.golden.safetensors)\n"
     "  -h, --help              this help\n";
 
-/* assets/selftest/name next to the executable's tree, else in the source tree. */
-static const char *asset_path(char *buf, size_t n, const char *name)
-{
-    char exe[PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            snprintf(buf, n, "%.*s/../assets/selftest/%s", (int)(n - 64), exe, name);
-            if (access(buf, R_OK) == 0) return buf;
-        }
-    }
-    snprintf(buf, n, "%s/assets/selftest/%s", MS_SOURCE_DIR, name);
-    return buf;
-}
-
 static void print_cpu(void)
 {
     char model[256] = "unknown";
@@ -186,8 +168,8 @@ int cmd_doctor(int argc, char **argv)
         }
     }
     char mbuf[PATH_MAX], gbuf[PATH_MAX];
-    if (!model) model = asset_path(mbuf, sizeof mbuf, "tiny.model.safetensors");
-    if (!golden) golden = asset_path(gbuf, sizeof gbuf, "tiny.golden.safetensors");
+    if (!model) model = cli_asset_path(mbuf, sizeof mbuf, "selftest/tiny.model.safetensors");
+    if (!golden) golden = cli_asset_path(gbuf, sizeof gbuf, "selftest/tiny.golden.safetensors");
 
     printf("mitaseg doctor\n");
     print_cpu();

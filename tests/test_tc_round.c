@@ -16,13 +16,6 @@
 #include "kernels/ops.h"
 #include "testutil.h"
 
-static float bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 START_TEST(test_round_helpers)
 {
     /* BF16 keeps 7 mantissa bits: 1 + 2^-8 is the tie between 1 and 1 + 2^-7 */
@@ -38,8 +31,8 @@ START_TEST(test_round_helpers)
     ck_assert(isinf(tf32_round(INFINITY)) && tf32_round(-INFINITY) < 0);
     ck_assert(isnan(tf32_round(NAN)) && isnan(bf16_round(NAN)));
     /* subnormals: same rule on the bits */
-    ck_assert_uint_eq(ms_float_bits(tf32_round(bits(0x00001FFFu))), 0x00002000u);
-    ck_assert_uint_eq(ms_float_bits(tf32_round(bits(0x00000FFFu))), 0x00000000u);
+    ck_assert_uint_eq(ms_float_bits(tf32_round(ms_bits_float(0x00001FFFu))), 0x00002000u);
+    ck_assert_uint_eq(ms_float_bits(tf32_round(ms_bits_float(0x00000FFFu))), 0x00000000u);
 }
 END_TEST
 
