@@ -20,7 +20,6 @@ static cublasComputeType_t gemm_compute(bool fp32)
 /* Operand type of the linear GEMM: FP32 in FP32 mode, else BF16 bits. */
 static cudaDataType_t linear_operand_type(bool fp32) { return fp32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-
 extern "C" size_t linear_cuda_scratch_bytes(int n, int cin, bool fp32)
 {
     if (fp32 || n <= 0 || cin <= 0) return 0;
