@@ -230,7 +230,7 @@ fi
 # ---- doctor ----
 if want doctor; then
     say ""
-    say "## Doctor (\`mitaseg doctor\`)"
+    say "## Doctor (\`mitaseg doctor\`), at $(elapsed) s"
     run doctor "$(bounded 60)" "$BUILD/mitaseg" doctor
     rc=$?
     say "- doctor: $(verdict $rc)"
@@ -245,7 +245,7 @@ fi
 # test_backend exits 77 only without a GPU (with MS_EXPECT_GPU=1 it fails).
 if want backend; then
     say ""
-    say "## Backend tests"
+    say "## Backend tests, at $(elapsed) s"
     for t in test_kernel_math test_batch_engine test_backend; do
         run "$t" "$(bounded 240)" "$BUILD/$t"
         rc=$?
@@ -271,7 +271,7 @@ fi
 # ---- sanitizers (bounded: a run past its time says "timeout", not "fail") ----
 if want sanitize; then
     say ""
-    say "## compute-sanitizer (backend test, MS_BACKEND_SMALL=1)"
+    say "## compute-sanitizer (backend test, MS_BACKEND_SMALL=1), at $(elapsed) s"
     if [ $GPU = 0 ]; then
         skip sanitize "no GPU"
     elif ! command -v compute-sanitizer >/dev/null 2>&1; then
@@ -285,16 +285,16 @@ if want sanitize; then
             say "- $name: $(verdict $rc), $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/$name.log" | tail -1)"
             case $rc in 0) ;; 124 | 137) SKIPPED="$SKIPPED $name(timeout)" ;; *) STATUS=1 ;; esac
         }
-        san memcheck 150 memcheck
-        san racecheck-mita 90 racecheck mita
-        san racecheck-attention 60 racecheck attention
+        san memcheck 120 memcheck
+        san racecheck-mita 60 racecheck mita
+        san racecheck-attention 45 racecheck attention
     fi
 fi
 
 # ---- benchmarks ----
 if want bench; then
     say ""
-    say "## Attention scaling (bench_gpu_attention: one layer, C = 384, 6 heads, d = 64, M = 49, k = 49)"
+    say "## Attention scaling (bench_gpu_attention: one layer, C = 384, 6 heads, d = 64, M = 49, k = 49), at $(elapsed) s"
     if [ $GPU = 0 ]; then
         skip bench "no GPU"
     else
@@ -347,7 +347,7 @@ fi
 # ---- training, with the time left ----
 if want train; then
     say ""
-    say "## Training (tests/gpu/train-phase.sh)"
+    say "## Training (tests/gpu/train-phase.sh), at $(elapsed) s"
     tleft=$(($(left) - 30))
     if [ ! -f "$ROOT/tests/gpu/train-phase.sh" ]; then
         skip train "train-phase.sh missing"
