@@ -13,8 +13,10 @@
 # The build (for the GPU found) always runs first. Everything must end within
 # --budget seconds (default 450: 8 minutes of a fresh machine, less its
 # start); the train phase gets what is left less a margin.
-# Writes ONE summary, $OUT/summary.md (numbers meant for the README), plus
-# $OUT/logs/. Exit 0: every phase run passed, or there is no GPU (then the GPU
+# Writes ONE summary, $OUT/summary.md (numbers meant for the README), and
+# every log in one file, $OUT/logs.tar.gz (the device tool brings back at most
+# 8 files; the logs are written to build-gpu-logs/ and packed at the end).
+# Exit 0: every phase run passed, or there is no GPU (then the GPU
 # parts are skipped and the summary says so); 1: a failure (or a skip while a
 # GPU is present); 2: usage.
 # Debian -dev packages missing there: run tests/gpu/fetch-deps.sh here first
@@ -40,7 +42,8 @@ for p in ${PHASES//,/ }; do
 done
 want() { case ",$PHASES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-mkdir -p "$OUT/logs"
+LOGS=$ROOT/${MS_GPU_LOGS:-build-gpu-logs}
+rm -rf "$LOGS" && mkdir -p "$LOGS" "$OUT"
 SUM=$OUT/summary.md
 T0=$(date +%s)
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
@@ -55,12 +58,12 @@ left() { echo $((BUDGET - $(elapsed))); }
 say() { echo "$*" | tee -a "$SUM"; }
 fail() { STATUS=1; say "$*"; }
 skip() { SKIPPED="$SKIPPED $1"; say "- $1: skipped: $2"; }
-# run NAME TIMEOUT CMD...: output to logs/NAME.log; the command's rc, 124 on timeout.
+# run NAME TIMEOUT CMD...: output to $LOGS/NAME.log; the command's rc, 124 on timeout.
 run() {
     local name=$1 to=$2
     shift 2
     [ "$to" -gt 0 ] || return 124
-    timeout -k 5 "$to" "$@" >"$OUT/logs/$name.log" 2>&1
+    timeout -k 5 "$to" "$@" >"$LOGS/$name.log" 2>&1
 }
 # verdict RC: pass / timeout / FAIL (rc N)
 verdict() {
@@ -78,7 +81,9 @@ finish() {
     say ""
     local why=""
     [ $GPU = 0 ] && [ $STATUS = 0 ] && why=" (a rehearsal: no GPU here, so the GPU parts were skipped)"
-    say "elapsed: $(elapsed) s of a $BUDGET s budget; skipped:${SKIPPED:- nothing}; status: $([ $STATUS = 0 ] && echo ok || echo FAILURES)$why"
+    tar czf "$OUT/logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")" 2>/dev/null ||
+        say "(packing the logs failed)"
+    say "elapsed: $(elapsed) s of a $BUDGET s budget; logs in logs.tar.gz; skipped:${SKIPPED:- nothing}; status: $([ $STATUS = 0 ] && echo ok || echo FAILURES)$why"
     exit $STATUS
 }
 
@@ -96,13 +101,13 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 &&
     [ -n "$(nvidia-smi -L 2>/dev/null)" ]; then
     GPU=1
     export MS_EXPECT_GPU=1 # the tests and benchmarks: a GPU they cannot use is a failure
-    nvidia-smi >"$OUT/logs/nvidia-smi.log" 2>&1
+    nvidia-smi >"$LOGS/nvidia-smi.log" 2>&1
     say "- gpu: $(nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader | head -1)"
     CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
     ARCH=$CC
     [ "$CC" = 90 ] && ARCH=90a # the chip's own target, not PTX for an older one
     DRV=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
-    DRV_CUDA=$(grep -o 'CUDA Version: *[0-9.]*' "$OUT/logs/nvidia-smi.log" | grep -o '[0-9.]*$')
+    DRV_CUDA=$(grep -o 'CUDA Version: *[0-9.]*' "$LOGS/nvidia-smi.log" | grep -o '[0-9.]*$')
     say "- driver: $DRV (supports CUDA ${DRV_CUDA:-unknown})"
 else
     say "- gpu: none (nvidia-smi missing or sees no device): the GPU parts are skipped"
@@ -194,23 +199,23 @@ say ""
 say "## Build"
 if run cmake 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DMS_WERROR=OFF -DMS_VIEWER=OFF "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "${CMAKE_EXTRA[@]}"; then
-    cuda_on=$(grep -o 'CUDA backend [A-Z]*' "$OUT/logs/cmake.log" | tail -1)
+    cuda_on=$(grep -o 'CUDA backend [A-Z]*' "$LOGS/cmake.log" | tail -1)
     say "- configure: ok ($cuda_on, CUDA arch $ARCH)"
     if [ $GPU = 1 ] && [ "$cuda_on" != "CUDA backend ON" ]; then
-        fail "- FAIL: a GPU is present but the build has no CUDA backend (see logs/cmake.log)"
+        fail "- FAIL: a GPU is present but the build has no CUDA backend (see build-gpu-logs/cmake.log in logs.tar.gz)"
         finish
     fi
 else
-    fail "- configure: FAILED (logs/cmake.log):"
-    tail -15 "$OUT/logs/cmake.log" | sed 's/^/      /' | tee -a "$SUM"
+    fail "- configure: FAILED (build-gpu-logs/cmake.log in logs.tar.gz):"
+    tail -15 "$LOGS/cmake.log" | sed 's/^/      /' | tee -a "$SUM"
     finish
 fi
 TARGETS=(mitaseg test_kernel_math test_batch_engine test_backend bench_gpu_attention bench_engine)
 if run build "$(bounded 300)" ninja -C "$BUILD" -j"$JOBS" "${TARGETS[@]}"; then
-    say "- build: ok in $(elapsed) s since start ($(grep -c 'warning' "$OUT/logs/build.log") warning lines)"
+    say "- build: ok in $(elapsed) s since start ($(grep -c 'warning' "$LOGS/build.log") warning lines)"
 else
-    fail "- build: FAILED (logs/build.log):"
-    grep -E 'error|FAILED' "$OUT/logs/build.log" | head -20 | sed 's/^/      /' | tee -a "$SUM"
+    fail "- build: FAILED (build-gpu-logs/build.log in logs.tar.gz):"
+    grep -E 'error|FAILED' "$LOGS/build.log" | head -20 | sed 's/^/      /' | tee -a "$SUM"
     finish
 fi
 if [ $GPU = 1 ] && command -v nvcc >/dev/null 2>&1; then
@@ -218,10 +223,10 @@ if [ $GPU = 1 ] && command -v nvcc >/dev/null 2>&1; then
     gen="-gencode=arch=compute_${ARCH},code=sm_${ARCH}"
     for f in mita attention_full; do
         nvcc -c -std=c++17 $gen -Xptxas -v -I"$ROOT" -I"$ROOT/kernels" -DMS_HAVE_CUDA \
-            "$ROOT/kernels/$f.cu" -o /dev/null >"$OUT/logs/ptxas-$f.log" 2>&1
+            "$ROOT/kernels/$f.cu" -o /dev/null >"$LOGS/ptxas-$f.log" 2>&1
     done
     say "- ptxas (routed/flash kernels per head dim: registers, spills):"
-    grep -h -A3 -E "Compiling entry function '.*(routed_kernel|flash_kernel)" "$OUT"/logs/ptxas-*.log |
+    grep -h -A3 -E "Compiling entry function '.*(routed_kernel|flash_kernel)" "$LOGS"/ptxas-*.log |
         grep -E 'entry|registers|spill' |
         sed -E "s/ptxas info *: //; s/Compiling entry function '_Z[0-9]+([a-z_]+)ILi([0-9]+)E[^']*'/\\1<\\2>/" |
         paste - - - | sed 's/^/    /' | tee -a "$SUM"
@@ -234,9 +239,9 @@ if want doctor; then
     run doctor "$(bounded 60)" "$BUILD/mitaseg" doctor
     rc=$?
     say "- doctor: $(verdict $rc)"
-    { echo '```'; cat "$OUT/logs/doctor.log"; echo '```'; } >>"$SUM"
+    { echo '```'; cat "$LOGS/doctor.log"; echo '```'; } >>"$SUM"
     [ $rc = 0 ] || STATUS=1
-    if [ $GPU = 1 ] && ! grep -q '^linear .*cuda:0 tensor cores' "$OUT/logs/doctor.log"; then
+    if [ $GPU = 1 ] && ! grep -q '^linear .*cuda:0 tensor cores' "$LOGS/doctor.log"; then
         fail "- FAIL: a GPU is present but the doctor's self-test did not run on it"
     fi
 fi
@@ -249,22 +254,22 @@ if want backend; then
     for t in test_kernel_math test_batch_engine test_backend; do
         run "$t" "$(bounded 240)" "$BUILD/$t"
         rc=$?
-        line=$(grep -E '^[0-9]+%' "$OUT/logs/$t.log" | tail -1)
+        line=$(grep -E '^[0-9]+%' "$LOGS/$t.log" | tail -1)
         if [ $rc = 77 ] && [ $GPU = 0 ]; then
-            skip "$t" "$(grep -m1 '^skipped' "$OUT/logs/$t.log" | sed 's/^skipped: //')"
+            skip "$t" "$(grep -m1 '^skipped' "$LOGS/$t.log" | sed 's/^skipped: //')"
             continue
         fi
         note=""
-        grep -q '^note: no CUDA here' "$OUT/logs/$t.log" && note=" (its CUDA case not run: no GPU)"
+        grep -q '^note: no CUDA here' "$LOGS/$t.log" && note=" (its CUDA case not run: no GPU)"
         [ -n "$note" ] && SKIPPED="$SKIPPED $t(cuda)"
         say "- $t: $(verdict $rc) $line$note"
         if [ $rc != 0 ]; then
             STATUS=1
-            grep -E ':F:|:E:|^FAIL' "$OUT/logs/$t.log" | head -15 | sed 's/^/    /' | tee -a "$SUM"
+            grep -E ':F:|:E:|^FAIL' "$LOGS/$t.log" | head -15 | sed 's/^/    /' | tee -a "$SUM"
         fi
     done
     # the agreement lines of test_backend (FP32 vs CPU, tensor cores vs CPU with tc rounding)
-    grep -hE '^(e2e |conv2d |conv_transpose2x2 |cuda: )' "$OUT/logs/test_backend.log" 2>/dev/null |
+    grep -hE '^(e2e |conv2d |conv_transpose2x2 |cuda: )' "$LOGS/test_backend.log" 2>/dev/null |
         sed 's/^/    /' | tee -a "$SUM"
 fi
 
@@ -282,7 +287,7 @@ if want sanitize; then
             MS_BACKEND_SMALL=1 CK_RUN_CASE=$case_ run "$name" "$(bounded "$to")" compute-sanitizer \
                 --tool "$tool" --report-api-errors no --error-exitcode 9 "$BUILD/test_backend"
             local rc=$?
-            say "- $name: $(verdict $rc), $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/$name.log" | tail -1)"
+            say "- $name: $(verdict $rc), $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOGS/$name.log" | tail -1)"
             case $rc in 0) ;; 124 | 137) SKIPPED="$SKIPPED $name(timeout)" ;; *) STATUS=1 ;; esac
         }
         san memcheck 120 memcheck
@@ -301,7 +306,7 @@ if want bench; then
         run bench_gpu_attention "$(bounded 150)" "$BUILD/bench_gpu_attention"
         rc=$?
         say "- bench_gpu_attention: $(verdict $rc)"
-        { echo '```'; cat "$OUT/logs/bench_gpu_attention.log"; echo '```'; } >>"$SUM"
+        { echo '```'; cat "$LOGS/bench_gpu_attention.log"; echo '```'; } >>"$SUM"
         [ $rc = 0 ] || STATUS=1
 
         say ""
@@ -314,10 +319,10 @@ if want bench; then
         [ -f "$ROOT/assets/models/camvid-mita.safetensors" ] &&
             models="default=$ROOT/assets/models/camvid-mita.safetensors"
         if [ -n "$py" ] && run make_deit_small 60 "$py" "$ROOT/bench/make_bench_model.py" \
-            deit-small 512 "$OUT/logs/deit-small.safetensors"; then
-            models="$models deit-small=$OUT/logs/deit-small.safetensors"
+            deit-small 512 "$LOGS/deit-small.safetensors"; then
+            models="$models deit-small=$LOGS/deit-small.safetensors"
         else
-            say "- DeiT-Small-sized model: not made (no PyTorch or make_bench_model.py failed: logs/make_deit_small.log)"
+            say "- DeiT-Small-sized model: not made (no PyTorch or make_bench_model.py failed: build-gpu-logs/make_deit_small.log)"
         fi
         say ""
         say "| model | attention | batch | tokens | images/s | mean ms per batch |"
@@ -330,17 +335,17 @@ if want bench; then
                     i=$((i + 1))
                     if run "bench_engine-$i" "$(bounded 60)" "$BUILD/bench_engine" --model "$mdl" \
                         --size 512x512 --repeat 10 --batch "$b" --device cuda --attention "$att"; then
-                        js=$(tail -1 "$OUT/logs/bench_engine-$i.log")
+                        js=$(tail -1 "$LOGS/bench_engine-$i.log")
                         row=$(echo "$js" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%d | %.1f | %.2f" % (d["tokens"], d["images_per_s"], d["mean_ms"]))' 2>/dev/null || echo "? | ? | ?")
                         say "| $name | $att | $b | $row |"
                     else
-                        say "| $name | $att | $b | $(verdict $?): $(tail -1 "$OUT/logs/bench_engine-$i.log") | | |"
+                        say "| $name | $att | $b | $(verdict $?): $(tail -1 "$LOGS/bench_engine-$i.log") | | |"
                         STATUS=1
                     fi
                 done
             done
         done
-        rm -f "$OUT/logs/deit-small.safetensors"
+        rm -f "$LOGS/deit-small.safetensors"
     fi
 fi
 
@@ -360,7 +365,7 @@ if want train; then
         run train $((tleft + 20)) bash "$ROOT/tests/gpu/train-phase.sh" "$OUT/train" "$tleft"
         rc=$?
         say "- train-phase.sh: $(verdict $rc); $(ls "$OUT/train" 2>/dev/null | tr '\n' ' ')"
-        tail -5 "$OUT/logs/train.log" | sed 's/^/    /' | tee -a "$SUM"
+        tail -5 "$LOGS/train.log" | sed 's/^/    /' | tee -a "$SUM"
         [ $rc = 0 ] || STATUS=1
     fi
 fi
