@@ -64,7 +64,7 @@ static void row_judge(ms_selftest *st, ms_selftest_row *r, double err, double to
 }
 
 /* max|a - b| / max|b|; NaN anywhere in a gives NaN. */
-static double normwise_err(const float *a, const float *b, size_t n)
+static double normwise_err(const float *a /* (n) */, const float *b /* (n) */, size_t n)
 {
     double d = 0, s = 1e-30;
     for (size_t i = 0; i < n; i++) {
@@ -167,15 +167,14 @@ static float *st_put(st_target *t, const float *h, size_t n)
     return d;
 }
 
-/* One op's inputs on both sides; out/ref are host buffers of nout floats.
- * The macro-free pattern: each op is a function filling ref (CPU) and got
- * (device, copied back) from the same random inputs. */
-typedef ms_status (*st_op_fn)(st_target *t, ms_backend *cpu, float *got, float *ref,
-                              size_t *nout);
+/* One op: fills ref (on the CPU) and got (on the target, copied back) from
+ * the same random inputs, and sets *nout. */
+typedef ms_status (*st_op_fn)(st_target *t, ms_backend *cpu, float *got /* (*nout) */,
+                              float *ref /* (*nout) */, size_t *nout);
 
 #define ST_MAX_OUT ((size_t)1 << 17)
 
-/* Runs fn on the target and the CPU into poisoned outputs. */
+/* A random input of n floats: name_h on the host, name_d on the target. */
 #define ST_IN(name, n, seed, lo, hi)                                   \
     float name##_h[(n) > 0 ? (n) : 1];                                  \
     st_rand(name##_h, (n), (seed), (lo), (hi));                         \
@@ -422,7 +421,7 @@ static const struct {
 
 /* One pass over the ops in one mode (fp32: FP32 mode / plain CPU). */
 static ms_status selftest_ops_mode(ms_selftest *st, st_target *t, bool fp32, const char *label,
-                                   float *got, float *ref)
+                                   float *got /* (ST_MAX_OUT) */, float *ref /* (ST_MAX_OUT) */)
 {
     ms_backend cpu;
     memset(&cpu, 0, sizeof cpu);
