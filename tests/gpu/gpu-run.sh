@@ -42,14 +42,19 @@ for p in ${PHASES//,/ }; do
 done
 want() { case ",$PHASES," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 
-LOGS=$ROOT/${MS_GPU_LOGS:-build-gpu-logs}
-rm -rf "$LOGS" && mkdir -p "$LOGS" "$OUT"
+# MS_GPU_BUILD / MS_GPU_LOGS: other folders (relative to the repository, or
+# absolute); MS_GPU_CMAKE_ARGS: extra configure arguments (the e2e test
+# rehearses with -DMS_CUDA=OFF, which builds in a fraction of the time).
+abs() { case $1 in /*) echo "$1" ;; *) echo "$ROOT/$1" ;; esac; }
+LOGS=$(abs "${MS_GPU_LOGS:-build-gpu-logs}")
+mkdir -p "$LOGS" "$OUT" || exit 1
+rm -f "$LOGS"/*.log # the last run's (only logs: the folder may be anything)
 SUM=$OUT/summary.md
 T0=$(date +%s)
 [ -d /usr/local/cuda/bin ] && export PATH="/usr/local/cuda/bin:$PATH"
 export MS_FIXTURES="$ROOT/tests/fixtures" OMP_WAIT_POLICY=PASSIVE
 JOBS=$(nproc 2>/dev/null || echo 2)
-BUILD=$ROOT/${MS_GPU_BUILD:-build-gpu}
+BUILD=$(abs "${MS_GPU_BUILD:-build-gpu}")
 STATUS=0
 SKIPPED=""
 
@@ -119,7 +124,10 @@ if command -v nvcc >/dev/null 2>&1; then
     say "- nvcc (CUDA toolkit): $NVCC_CUDA"
 else
     say "- nvcc: missing: the CUDA backend is not built"
-    [ $GPU = 1 ] && fail "- FAIL: a GPU is present but there is no CUDA toolkit to build for it"
+    if [ $GPU = 1 ]; then
+        fail "- FAIL: a GPU is present but there is no CUDA toolkit to build for it"
+        finish
+    fi
 fi
 cudnn_h=$(ls /usr/include/cudnn_version.h /usr/include/*/cudnn_version.h \
     "$(dirname "$(command -v nvcc 2>/dev/null || echo /x/x)")"/../include/cudnn_version.h 2>/dev/null | head -1)
@@ -198,7 +206,8 @@ fi
 say ""
 say "## Build"
 if run cmake 120 cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DMS_WERROR=OFF -DMS_VIEWER=OFF "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "${CMAKE_EXTRA[@]}"; then
+    -DMS_WERROR=OFF -DMS_VIEWER=OFF "-DCMAKE_CUDA_ARCHITECTURES=$ARCH" "${CMAKE_EXTRA[@]}" \
+    ${MS_GPU_CMAKE_ARGS:-}; then
     cuda_on=$(grep -o 'CUDA backend [A-Z]*' "$LOGS/cmake.log" | tail -1)
     say "- configure: ok ($cuda_on, CUDA arch $ARCH)"
     if [ $GPU = 1 ] && [ "$cuda_on" != "CUDA backend ON" ]; then
