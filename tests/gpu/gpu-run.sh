@@ -231,7 +231,7 @@ if [ $GPU = 1 ] && command -v nvcc >/dev/null 2>&1; then
     # registers, shared memory and spills of the custom kernels (no device time)
     gen="-gencode=arch=compute_${ARCH},code=sm_${ARCH}"
     for f in mita attention_full; do # side by side: mita.cu alone takes a while
-        nvcc -c -std=c++17 $gen -Xptxas -v -I"$ROOT" -I"$ROOT/kernels" -DMS_HAVE_CUDA \
+        nvcc -c -std=c++17 $gen -Xptxas -v -I"$ROOT" -I"$ROOT/kernels" ${dnn_inc:+-I"$dnn_inc"} -DMS_HAVE_CUDA \
             "$ROOT/kernels/$f.cu" -o /dev/null >"$LOGS/ptxas-$f.log" 2>&1 &
     done
     wait
