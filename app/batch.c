@@ -19,6 +19,18 @@ struct ms_batch_link {
 
 void batch_list_init(ms_batch_list *l) { memset(l, 0, sizeof *l); }
 
+/* arr (n used of *cap elements of `size` bytes) with room for one more,
+ * doubling from `first`: the array to use from now on, or NULL when out of
+ * memory (arr is then still valid and unchanged). */
+static void *grow(void *arr, int *cap, int n, int first, size_t size)
+{
+    if (n < *cap) return arr;
+    int c = *cap ? 2 * *cap : first;
+    void *p = realloc(arr, (size_t)c * size);
+    if (p) *cap = c;
+    return p;
+}
+
 void batch_list_free(ms_batch_list *l)
 {
     for (int i = 0; i < l->n; i++) {
@@ -42,13 +54,11 @@ void batch_list_free(ms_batch_list *l)
 static ms_status add_bad(ms_batch_list *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static ms_status add_bad(ms_batch_list *l, const char *fmt, ...)
 {
-    if (l->n_bad == l->cap_bad) {
-        int cap = l->cap_bad ? 2 * l->cap_bad : 16;
-        char **nb = realloc(l->bad, (size_t)cap * sizeof *nb);
-        MS_CHECK_ALLOC(nb, (size_t)cap * sizeof *nb);
-        l->bad = nb;
-        l->cap_bad = cap;
-    }
+    char **nb = grow(l->bad, &l->cap_bad, l->n_bad, 16, sizeof *l->bad);
+    if (!nb)
+        return ms_error(MS_ERR_OOM, "out of memory: %d batch errors at %s:%d", l->n_bad + 1,
+                        __FILE__, __LINE__);
+    l->bad = nb;
     va_list ap;
     va_start(ap, fmt);
     char *msg = NULL;
@@ -108,18 +118,14 @@ static ms_status list_push(ms_batch_list *l, char *path, char *rel)
         free(rel);
         return ms_error(MS_ERR_OOM, "out of memory: batch path at %s:%d", __FILE__, __LINE__);
     }
-    if (l->n == l->cap) {
-        int cap = l->cap ? l->cap * 2 : 64;
-        ms_batch_item *it = realloc(l->items, (size_t)cap * sizeof *it);
-        if (!it) {
-            free(path);
-            free(rel);
-            return ms_error(MS_ERR_OOM, "out of memory: %d batch items at %s:%d", cap,
-                            __FILE__, __LINE__);
-        }
-        l->items = it;
-        l->cap = cap;
+    ms_batch_item *items = grow(l->items, &l->cap, l->n, 64, sizeof *l->items);
+    if (!items) {
+        free(path);
+        free(rel);
+        return ms_error(MS_ERR_OOM, "out of memory: %d batch items at %s:%d", l->n + 1,
+                        __FILE__, __LINE__);
     }
+    l->items = items;
     ms_batch_item *it = &l->items[l->n++];
     memset(it, 0, sizeof *it);
     it->path = path;
@@ -141,18 +147,15 @@ static int cmp_str(const void *a, const void *b)
 /* Takes ownership of dir and rel. */
 static ms_status push_linked(ms_batch_list *l, char *dir, char *rel, int depth)
 {
-    if (l->n_linked == l->cap_linked) {
-        int cap = l->cap_linked ? 2 * l->cap_linked : 16;
-        struct ms_batch_link *nl = realloc(l->linked, (size_t)cap * sizeof *nl);
-        if (!nl) {
-            free(dir);
-            free(rel);
-            return ms_error(MS_ERR_OOM, "out of memory: %d linked folders at %s:%d", cap,
-                            __FILE__, __LINE__);
-        }
-        l->linked = nl;
-        l->cap_linked = cap;
+    struct ms_batch_link *linked = grow(l->linked, &l->cap_linked, l->n_linked, 16,
+                                        sizeof *l->linked);
+    if (!linked) {
+        free(dir);
+        free(rel);
+        return ms_error(MS_ERR_OOM, "out of memory: %d linked folders at %s:%d",
+                        l->n_linked + 1, __FILE__, __LINE__);
     }
+    l->linked = linked;
     l->linked[l->n_linked++] = (struct ms_batch_link){dir, rel, depth};
     return MS_OK;
 }
