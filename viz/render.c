@@ -947,10 +947,11 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
         line(&p, col_dim, st->diff_split ? "X: outlines" : "fill MiTA, outline full (X: split)");
         int y_end = lay->depth_chart >= 0 ? lay->chart_box[lay->depth_chart].y - 2 : lay->panel.y + lay->panel.h;
         if (changed && p.y + c->line_h <= y_end) {
-            int cx1 = p.x + p.w - text_w(c, "full"), cx0 = cx1 - text_w(c, "0000000") - 8;
+            /* right-aligned columns: MiTA's count, full attention's count */
+            int colw = text_w(c, "0000000"), rf = p.x + p.w, rm = rf - colw;
             text(c, p.x + 18, p.y, "class", col_dim);
-            text(c, cx0 + text_w(c, "0000000") - text_w(c, "MiTA"), p.y, "MiTA", col_dim);
-            text(c, cx1, p.y, "full", col_dim);
+            text(c, rm - text_w(c, "MiTA"), p.y, "MiTA", col_dim);
+            text(c, rf - text_w(c, "full"), p.y, "full", col_dim);
             p.y += c->line_h;
             for (int cl = 0; cl < st->n_classes && cl < MS_MAX_CLASSES; cl++) {
                 if (!by_m[cl] && !by_f[cl]) continue;
@@ -958,12 +959,12 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
                 fill(c, (viz_rect){p.x, p.y + (c->line_h - 12) / 2, 12, 12}, st->palette[cl]);
                 char name[MS_CLASS_NAME + 4], nb[32];
                 snprintf(name, sizeof name, "%s", st->class_names[cl]);
-                text_fit(c, name, sizeof name, cx0 - p.x - 22);
+                text_fit(c, name, sizeof name, rm - colw - p.x - 18);
                 text(c, p.x + 18, p.y, name, col_text);
                 snprintf(nb, sizeof nb, "%lld", (long long)by_m[cl]);
-                text(c, cx0 + text_w(c, "0000000") - text_w(c, nb), p.y, nb, col_text);
+                text(c, rm - text_w(c, nb), p.y, nb, col_text);
                 snprintf(nb, sizeof nb, "%lld", (long long)by_f[cl]);
-                text(c, cx1 + text_w(c, "full") - text_w(c, nb), p.y, nb, col_text);
+                text(c, rf - text_w(c, nb), p.y, nb, col_text);
                 p.y += c->line_h;
             }
         }
