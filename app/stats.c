@@ -298,27 +298,59 @@ ms_status stats_to_json(char **out, const ms_stats *st, const ms_result *r, cons
     return MS_OK;
 }
 
+ms_status text_out_open(ms_text_out *o, const char *path)
+{
+    memset(o, 0, sizeof *o);
+    size_t lp = strlen(path);
+    o->path = malloc(lp + 1);
+    o->tmp = malloc(lp + 32);
+    if (!o->path || !o->tmp) {
+        free(o->path), free(o->tmp);
+        return ms_error(MS_ERR_OOM, "out of memory");
+    }
+    memcpy(o->path, path, lp + 1);
+    snprintf(o->tmp, lp + 32, "%s.tmp-%ld", path, (long)getpid());
+    o->f = fopen(o->tmp, "w");
+    if (!o->f) {
+        ms_status st = ms_error(MS_ERR_IO, "%s: %s", path, strerror(errno));
+        free(o->path), free(o->tmp);
+        memset(o, 0, sizeof *o);
+        return st;
+    }
+    return MS_OK;
+}
+
+ms_status text_out_line(ms_text_out *o, const char *line)
+{
+    if (!o->f) return ms_error(MS_ERR_ARG, "text_out_line: not open");
+    if (fputs(line, o->f) < 0 || fputc('\n', o->f) == EOF)
+        return ms_error(MS_ERR_IO, "%s: write failed: %s", o->path, strerror(errno));
+    return MS_OK;
+}
+
+ms_status text_out_close(ms_text_out *o, bool keep)
+{
+    if (!o->f) return MS_OK;
+    ms_status st = MS_OK;
+    /* on disk before the rename: a crash leaves the old file or the new */
+    bool ok = !keep || (fflush(o->f) == 0 && !ferror(o->f) && fsync(fileno(o->f)) == 0);
+    if (fclose(o->f) != 0) ok = false;
+    if (keep && !ok) st = ms_error(MS_ERR_IO, "%s: write failed: %s", o->path, strerror(errno));
+    if (keep && ok && rename(o->tmp, o->path) != 0) {
+        st = ms_error(MS_ERR_IO, "%s: rename failed: %s", o->path, strerror(errno));
+        ok = false;
+    }
+    if (!keep || !ok) unlink(o->tmp);
+    free(o->path), free(o->tmp);
+    memset(o, 0, sizeof *o);
+    return st;
+}
+
 ms_status stats_write_text(const char *path, const char *text)
 {
-    size_t lp = strlen(path);
-    char *tmp = malloc(lp + 32);
-    if (!tmp) return ms_error(MS_ERR_OOM, "out of memory");
-    snprintf(tmp, lp + 32, "%s.tmp-%ld", path, (long)getpid());
-    ms_status st = MS_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = ms_error(MS_ERR_IO, "%s: %s", path, strerror(errno));
-    } else {
-        /* on disk before the rename: a crash leaves the old file or the new */
-        bool wrote = fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
-        if (fclose(f) != 0 || !wrote) {
-            st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-            unlink(tmp);
-        } else if (rename(tmp, path) != 0) {
-            st = ms_error(MS_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-            unlink(tmp);
-        }
-    }
-    free(tmp);
-    return st;
+    ms_text_out o;
+    MS_TRY(text_out_open(&o, path));
+    ms_status st = text_out_line(&o, text);
+    ms_status st2 = text_out_close(&o, st == MS_OK);
+    return st != MS_OK ? st : st2;
 }

@@ -6,6 +6,8 @@
 #ifndef MS_STATS_H
 #define MS_STATS_H
 
+#include <stdio.h>
+
 #include "engine.h"
 
 typedef struct {
@@ -69,7 +71,20 @@ ms_status stats_run_sweep_point(ms_sweep_point *pt, ms_engine *e, ms_result *scr
 ms_status stats_to_json(char **out, const ms_stats *st, const ms_result *mita, const char *image,
                         const char (*class_names)[MS_CLASS_NAME], const ms_sweep_point *sweep,
                         int n_sweep, bool pretty);
-/* Writes text to path atomically (temp file, fsync, rename). */
+/* A text file written line by line that appears under its name only when
+ * closed with keep (temp file, fsync, rename), so no reader ever sees half
+ * of it. */
+typedef struct {
+    FILE *f;
+    char *path, *tmp;
+} ms_text_out;
+
+ms_status text_out_open(ms_text_out *o, const char *path);
+/* Appends line and a newline. */
+ms_status text_out_line(ms_text_out *o, const char *line);
+/* keep: flush, fsync and rename into place; else remove the temp file. */
+ms_status text_out_close(ms_text_out *o, bool keep);
+/* The whole file at once. */
 ms_status stats_write_text(const char *path, const char *text);
 
 #endif
