@@ -53,7 +53,7 @@ static void stats_chart(viz_chart *ch, const ms_stats *s, int i, int layer, doub
         ch->percent = true;
         ch->ymin = 0, ch->ymax = 1;
         ch->y[0] = s->shared_share;
-        memcpy(ch->color[0], col_window, 3);
+        viz_magma(ch->color[0], 0.65f); /* not the marker's yellow */
         ch->thick[0] = 2;
         ch->name[0] = "mean over heads, tokens";
         ch->n_series = 1;
@@ -187,7 +187,8 @@ void viz_draw_sweep_view(const canvas *c, const viz_layout *lay, const viz_state
         ch.xtick = ticks;
         ch.mark = sweep_home(st);
         ch.y[0] = k ? ms : agree;
-        memcpy(ch.color[0], k ? col_window : col_query, 3);
+        if (k) viz_magma(ch.color[0], 0.65f); /* not the marker's yellow */
+        else memcpy(ch.color[0], col_query, 3);
         ch.thick[0] = 2;
         ch.n_series = 1;
         for (int i = 1; i < n; i++) /* the grid points are another sweep: no line into them */
