@@ -76,6 +76,7 @@ typedef struct {
     bool have_res, have_full;   /* have_full: full holds this image's full-attention run */
     ms_run_options run;         /* current budget; record always on */
     ms_stats stats;             /* of res (and full); depth 0: none */
+    int64_t class_pixels[MS_MAX_CLASSES]; /* of res's mask */
     ms_sweep_point sweep[MS_SWEEP_MAX];
     int n_sweep, sweep_next;    /* sweep_next: the next point to run; n_sweep: planned */
     bool want_sweep;
@@ -307,6 +308,8 @@ static void sweep_plan(viewer *v)
 static void main_ready(viewer *v)
 {
     v->have_res = true;
+    memset(v->class_pixels, 0, sizeof v->class_pixels);
+    for (size_t i = 0; i < (size_t)v->res.h * v->res.w; i++) v->class_pixels[v->res.mask[i]]++;
     clamp_state(v);
     set_status(v, "%s%s: %dx%d, %s %dx%d k %d, %.0f ms", position(v), base_name(v->path), v->res.w, v->res.h,
                v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw, v->res.k,
@@ -841,6 +844,7 @@ static void sync_state(viewer *v)
     st->info = v->info;
     st->full = v->have_full ? &v->full : NULL;
     st->stats = v->stats.depth > 0 ? &v->stats : NULL;
+    st->class_pixels = v->have_res ? v->class_pixels : NULL;
     st->sweep = v->sweep;
     st->n_sweep = v->n_sweep;
 }

@@ -58,7 +58,8 @@ int stats_sweep_plan(ms_sweep_point *pts /* (MS_SWEEP_MAX) */, int gh, int gw, i
                      int n);
 
 /* Runs one sweep point on img (MiTA at the point's budget, no record) into
- * scratch and sets its agreement with full_mask (h, w) and its time. */
+ * scratch and sets its agreement with full_mask (h, w) and its time (of a
+ * second run: the first at a budget also builds the engine's plan for it). */
 ms_status stats_run_sweep_point(ms_sweep_point *pt, ms_engine *e, ms_result *scratch, const ms_image *img,
                                 const uint8_t *full_mask /* (h, w) */);
 

@@ -53,7 +53,7 @@ static void stats_chart(viz_chart *ch, const ms_stats *s, int i, int layer, doub
         ch->percent = true;
         ch->ymin = 0, ch->ymax = 1;
         ch->y[0] = s->shared_share;
-        viz_magma(ch->color[0], 0.65f); /* not the marker's yellow */
+        viz_magma(ch->color[0], 0.82f); /* not the marker's yellow, nor the Jaccard red */
         ch->thick[0] = 2;
         ch->name[0] = "mean over heads, tokens";
         ch->n_series = 1;

@@ -143,9 +143,13 @@ static viz_rect fit(viz_rect box, int w, int h)
 /* Rows kept at the panel bottom for run facts and the hover readout. */
 #define PANEL_FOOT_ROWS 7
 
-static void class_counts(int64_t *cnt /* (256) */, const ms_result *r)
+static void class_counts(int64_t *cnt /* (256) */, const viz_state *st, const ms_result *r)
 {
     memset(cnt, 0, sizeof *cnt * MS_MAX_CLASSES);
+    if (st->class_pixels) { /* counted once by the caller: large images stay smooth */
+        memcpy(cnt, st->class_pixels, sizeof *cnt * (st->n_classes < MS_MAX_CLASSES ? st->n_classes : MS_MAX_CLASSES));
+        return;
+    }
     size_t n = (size_t)r->h * r->w;
     for (size_t i = 0; i < n; i++) cnt[r->mask[i]]++;
 }
@@ -312,7 +316,7 @@ void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
     }
     if (st->view == VIZ_OVERLAY) {
         int64_t cnt[MS_MAX_CLASSES];
-        class_counts(cnt, r);
+        class_counts(cnt, st, r);
         lay->legend_y = lay->panel.y + 6 + (PANEL_HEAD_ROWS + 1) * lh;
         int y = lay->legend_y;
         int y_end = lay->panel.y + lay->panel.h - PANEL_FOOT_ROWS * lh - 6;
@@ -843,7 +847,7 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
     case VIZ_OVERLAY: {
         line(&p, col_dim, st->legend_all ? "all classes (L: present)" : "classes present (L: all)");
         int64_t cnt[MS_MAX_CLASSES];
-        class_counts(cnt, r);
+        class_counts(cnt, st, r);
         double total = (double)r->h * r->w;
         for (int i = 0; i < lay->n_legend; i++) {
             viz_rect e = lay->legend[i];
@@ -940,8 +944,16 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
         }
         int64_t changed = 0, total = (int64_t)r->h * r->w;
         int64_t by_m[MS_MAX_CLASSES] = {0}, by_f[MS_MAX_CLASSES] = {0};
-        for (int64_t i = 0; i < total; i++)
-            if (r->mask[i] != f->mask[i]) changed++, by_m[r->mask[i]]++, by_f[f->mask[i]]++;
+        const ms_stats *s = st->stats;
+        if (s && s->have_full && s->pixels == total && s->classes <= MS_MAX_CLASSES) {
+            /* counted once with the statistics */
+            changed = s->changed;
+            memcpy(by_m, s->changed_mita, sizeof(int64_t) * s->classes);
+            memcpy(by_f, s->changed_full, sizeof(int64_t) * s->classes);
+        } else {
+            for (int64_t i = 0; i < total; i++)
+                if (r->mask[i] != f->mask[i]) changed++, by_m[r->mask[i]]++, by_f[f->mask[i]]++;
+        }
         line(&p, col_text, "%lld px differ from full (%.2f%%)", (long long)changed,
              total ? 100.0 * changed / total : 0.0);
         line(&p, col_dim, st->diff_split ? "X: outlines" : "fill MiTA, outline full (X: split)");
@@ -1156,6 +1168,12 @@ void viz_render(uint8_t *rgba, int W, int H, const viz_state *st)
         if (lay.clip.w > 0 && pixmap_init(&p, lay.clip, lay.image, st->img, v.r)) {
             draw_image(&c, &p, st, &v);
             pixmap_free(&p);
+        }
+        if (st->zoom > 1.0f && view_zooms(st->view)) {
+            char zb[48];
+            snprintf(zb, sizeof zb, "zoom %.1fx  (0: fit)", (double)st->zoom);
+            text_shadow(&c, lay.clip.x + lay.clip.w - text_w(&c, zb) - 8, lay.clip.y + lay.clip.h - c.line_h - 4, zb,
+                        col_white);
         }
         if (v.layers && !v.layer_mita && st->view != VIZ_OVERLAY && st->view != VIZ_DIFF) {
             char buf[80];

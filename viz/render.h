@@ -54,6 +54,8 @@ typedef struct {
     /* MiTA against full attention (NULL / 0: not computed yet) */
     const ms_result *full;      /* full-attention run of the same image */
     const ms_stats *stats;      /* statistics of res (and full) */
+    const int64_t *class_pixels; /* (n_classes) pixels of each class in res's mask;
+                                  * NULL: counted per frame */
     const ms_sweep_point *sweep;
     int n_sweep;
     bool diff_split;            /* difference view: MiTA left of split_x, full right */
