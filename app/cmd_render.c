@@ -207,6 +207,9 @@ int cmd_render(int argc, char **argv)
                     goto done;
                 }
         }
+    } else if (res.attention == MS_ATTN_MITA && stats_compute(&stats, &res, NULL) != MS_OK) {
+        cli_error("%s: %s", image, ms_last_error());
+        goto done;
     } else if (against_full) {
         fprintf(stderr, "mitaseg: this run is full attention: nothing to compare (the %s view stays empty)\n",
                 viz_view_name((viz_view)view));

@@ -120,10 +120,22 @@ void viz_draw_depth_chart(const canvas *c, const viz_layout *lay, const viz_stat
     viz_rect box = lay->chart_box[lay->depth_chart];
     const ms_stats *s = st->stats;
     viz_chart ch;
+    char title[96];
+    int n = st->res ? st->res->depth : 0;
+    if (st->view == VIZ_HEATMAP) {
+        /* the pruned fractions of every layer, as in the stats view */
+        if (!s || s->depth != n || n > VIZ_MAX_LAYERS) return;
+        double scratch[VIZ_CHART_SERIES * VIZ_MAX_LAYERS];
+        stats_chart(&ch, s, 0, layer, scratch, title, sizeof title);
+        ch.title = "pruned, by layer";
+        ch.xlabel = "layer (click to select)";
+        viz_chart_draw(c->px, c->W, c->H, c->font, box, &ch);
+        return;
+    }
     viz_chart_init(&ch);
     ch.title = "block output vs full (rel. L2)";
     ch.xlabel = "layer (click to select)";
-    ch.n = st->res ? st->res->depth : 0;
+    ch.n = n;
     ch.mark = layer;
     if (s && s->have_blocks && s->depth == ch.n) {
         ch.y[0] = s->block_diff;

@@ -306,7 +306,7 @@ void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
             lay->chart[i] = viz_chart_area(lay->chart_box[i], st->font, true);
         }
         lay->n_charts = 5;
-    } else if (st->view == VIZ_DIFF && has_layers(r)) {
+    } else if ((st->view == VIZ_DIFF && has_layers(r)) || (st->view == VIZ_HEATMAP && has_record(r) && st->stats)) {
         int chh = clampi(lay->panel.h / 4, 90, 170);
         viz_rect box = {lay->panel.x + 2, lh_rows - chh, lay->panel.w - 4, chh};
         lay->chart_box[0] = box;
@@ -882,6 +882,7 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
                  v->image_tokens ? 100.0 * v->pruned_tokens / v->image_tokens : 0.0);
         if (v->layer_mita) line(&p, col_dim, "(%d of %d tokens)", v->pruned_tokens, v->image_tokens);
         else line(&p, col_dim, "full attention: nothing pruned");
+        if (st->view == VIZ_HEATMAP) viz_draw_depth_chart(c, lay, st, v->layer);
         break;
     case VIZ_EXPERT:
         if (!v->rec || !v->layer_mita) break;

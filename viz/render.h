@@ -116,7 +116,8 @@ typedef struct {
     int legend_y;               /* panel y where the legend starts */
     int n_charts;               /* per-layer charts (plot areas; a click picks a layer) */
     viz_rect chart_box[8], chart[8];
-    int depth_chart;            /* index of the panel's depth chart; -1: none */
+    int depth_chart;            /* the panel's per-layer chart (diff view: block
+                                 * differences; heatmap: pruned); -1: none */
     int line_h;                 /* text line height */
 } viz_layout;
 
