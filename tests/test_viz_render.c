@@ -686,6 +686,17 @@ START_TEST(test_stats_view)
     ck_assert(!column_has(px, viz_chart_x(lay.chart[4], 4, 0), lay.chart[4].y, lay.chart[4].y + lay.chart[4].h, q));
 #undef PX
     free(px);
+    /* the heatmap view's panel chart: every layer's pruned fraction, clickable */
+    st.view = VIZ_HEATMAP;
+    viz_layout_compute(&lay, BW, BH, &st);
+    ck_assert_int_eq(lay.n_charts, 1);
+    ck_assert_int_eq(lay.depth_chart, 0);
+    ck_assert(viz_rect_contains(lay.panel, lay.chart[0].x, lay.chart[0].y));
+    viz_hit h = viz_hit_test(&lay, &st, viz_chart_x(lay.chart[0], 4, 3), lay.chart[0].y + 2);
+    ck_assert(h.kind == VIZ_HIT_LAYER && h.value == 3);
+    st.stats = NULL; /* without statistics: no chart */
+    viz_layout_compute(&lay, BW, BH, &st);
+    ck_assert_int_eq(lay.n_charts, 0);
     stats_free(&s);
     fixture_free(&f);
 }
