@@ -168,9 +168,18 @@ xdotool getmouselocation >/dev/null 2>&1 || fail "Xvfb :$DNUM is not answering"
 
 
 WW=900; WH=600
-SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
-    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
-VIEW_PID=$!
+# start_viewer [VAR=VALUE ...] -- [ARGS ...]: the viewer on the fixture model
+# in a WWxWH window, with the environment given, logging to $TMP/log
+start_viewer() {
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    : >"$TMP/log"
+    env SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "${envs[@]}" "$BIN" view "$@" --model "$MODEL" \
+        --size ${WW}x${WH} --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
+    VIEW_PID=$!
+}
+start_viewer -- "$IMG"
 
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
 [ -n "$WIN" ] || fail "no mitaseg window appeared"
@@ -268,11 +277,7 @@ quit_viewer "first run"
 # 5. no image on the command line: the start screen, then a file dropped on
 #    the window (through SDL's drop event) is opened and can be saved.
 cp "$IMG" "$TMP/imgs/dropped.png"
-: >"$TMP/log"
-SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" \
-    "$BIN" view --model "$MODEL" --size ${WW}x${WH} --device cpu --threads 1 \
-    >"$TMP/log" 2>"$TMP/err" &
-VIEW_PID=$!
+start_viewer MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" --
 wait_log '^ready' 120 >/dev/null
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
 [ -n "$WIN" ] || fail "no mitaseg window appeared for the drop test"
@@ -288,10 +293,7 @@ quit_viewer "drop test"
 mkdir -p "$TMP/set"
 png write "$TMP/set/a.png" 160 120 && png write "$TMP/set/b.png" 120 96 && png write "$TMP/set/c.png" 96 128 \
     || fail "cannot write the folder's images"
-: >"$TMP/log"
-SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$TMP/set" --model "$MODEL" --size ${WW}x${WH} \
-    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
-VIEW_PID=$!
+start_viewer -- "$TMP/set"
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
 [ -n "$WIN" ] || fail "no mitaseg window appeared for the folder"
 wait_log "^image 1 3 .*/a\.png$" 30 >/dev/null
@@ -371,11 +373,7 @@ quit_viewer "folder test"
 #     first folder now also holds what S saved)
 mkdir -p "$TMP/set2"
 cp "$TMP/set/a.png" "$TMP/set/b.png" "$TMP/set/c.png" "$TMP/set2/"
-: >"$TMP/log"
-SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 MITASEG_VIEW_TEST_DROP="$TMP/set2" \
-    "$BIN" view --model "$MODEL" --size ${WW}x${WH} --device cpu --threads 1 \
-    >"$TMP/log" 2>"$TMP/err" &
-VIEW_PID=$!
+start_viewer MITASEG_VIEW_TEST_DROP="$TMP/set2" --
 wait_log "^image 1 3 .*/a\.png$" 60 >/dev/null
 wait_log '^ready' 120 >/dev/null
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
