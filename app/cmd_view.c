@@ -320,7 +320,9 @@ static void main_ready(viewer *v)
     if (v->want_sweep && v->res.attention == MS_ATTN_MITA) sweep_plan(v);
     else v->want_sweep = false;
     update_stats(v);
-    v->want_pre = next_index(v) >= 0 && !v->pre_ready;
+    /* run the next image ahead (again, when the budget changed since) */
+    ms_run_options now = main_options(v);
+    v->want_pre = next_index(v) >= 0 && !(v->pre_ready && same_options(&v->pre_opt, &now));
     vlog(v, "ready %.0f ms layers %d", v->res.ms_total, v->res.depth);
 }
 
