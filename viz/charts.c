@@ -127,7 +127,7 @@ void viz_draw_depth_chart(const canvas *c, const viz_layout *lay, const viz_stat
         if (!s || s->depth != n || n > VIZ_MAX_LAYERS) return;
         double scratch[VIZ_CHART_SERIES * VIZ_MAX_LAYERS];
         stats_chart(&ch, s, 0, layer, scratch, title, sizeof title);
-        ch.title = "pruned, by layer";
+        ch.title = "pruned";
         ch.xlabel = "layer (click to select)";
         viz_chart_draw(c->px, c->W, c->H, c->font, box, &ch);
         return;
