@@ -381,7 +381,14 @@ static bool load_image(viewer *v, const char *path, int idx)
     } else {
         ms_image img = {0};
         if (image_read(&img, path) != MS_OK) {
-            set_status(v, "%s", ms_last_error());
+            /* the shown image stays; the position moves on, so the next
+             * PageDown gets past an unreadable file */
+            if (idx >= 0 && v->list.n > 1) {
+                v->cur = idx;
+                set_status(v, "%d / %d  %s", idx + 1, v->list.n, ms_last_error());
+            } else {
+                set_status(v, "%s", ms_last_error());
+            }
             vlog(v, "error %s", ms_last_error());
             return false;
         }
