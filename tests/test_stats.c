@@ -294,6 +294,7 @@ START_TEST(test_stats_from_dump)
         ck_assert_int_eq(system(cmd), 0);
         size_t n = 0;
         char *text = (char *)read_bytes(jl, &n);
+        text[n] = '\0'; /* the spare byte */
         ck_assert_msg(n > 0 && text[n - 1] == '\n' && strchr(text, '\n') == text + n - 1, "one line per image");
         cJSON *root = cJSON_Parse(text);
         ck_assert_ptr_nonnull(root);
