@@ -431,6 +431,38 @@ static bool load_image(viewer *v, const char *path, int idx)
     return true;
 }
 
+/* True for the names S writes: NAME.mask.png and NAME.view-VIEW-L<n>.png. */
+static bool is_saved_output(const char *path)
+{
+    const char *b = base_name(path), *v = strstr(b, ".view-");
+    size_t n = strlen(b);
+    if (n > 9 && !strcmp(b + n - 9, ".mask.png")) return true;
+    if (!v || n < 4 || strcmp(b + n - 4, ".png")) return false;
+    const char *l = strrchr(b, '-'); /* "-L<digits>.png" */
+    if (!l || l < v || l[1] != 'L' || !(l[2] >= '0' && l[2] <= '9')) return false;
+    for (const char *c = l + 2; c < b + n - 4; c++)
+        if (*c < '0' || *c > '9') return false;
+    return true;
+}
+
+/* Leaves out of folder listings what S saved there (a view of a saved
+ * mask is no use); files named explicitly stay. */
+static void drop_saved_outputs(ms_batch_list *l, char *const *named, int n_named)
+{
+    int k = 0;
+    for (int i = 0; i < l->n; i++) {
+        bool explicit_file = false;
+        for (int j = 0; j < n_named; j++) explicit_file |= !strcmp(named[j], l->items[i].path);
+        if (!explicit_file && is_saved_output(l->items[i].path)) {
+            free(l->items[i].path);
+            free(l->items[i].rel);
+            continue;
+        }
+        l->items[k++] = l->items[i];
+    }
+    l->n = k;
+}
+
 /* Opens a dropped or given folder, list or file as the image list. */
 static bool open_list(viewer *v, char *const *paths, int n, const char *list_file)
 {
@@ -439,6 +471,7 @@ static bool open_list(viewer *v, char *const *paths, int n, const char *list_fil
     ms_status st = MS_OK;
     for (int i = 0; i < n && st == MS_OK; i++) st = batch_add_path(&l, paths[i], false);
     if (st == MS_OK && list_file) st = batch_add_list_file(&l, list_file, false);
+    if (st == MS_OK) drop_saved_outputs(&l, paths, n);
     if (st != MS_OK) {
         set_status(v, "%s", ms_last_error());
         vlog(v, "error %s", ms_last_error());
@@ -962,6 +995,7 @@ int cmd_view(int argc, char **argv)
             free(images);
             return 1;
         }
+        drop_saved_outputs(&v->list, images, n_images);
         batch_sort_unique(&v->list);
         if (v->list.n == 0) {
             cli_error("view: %s: no PNG or JPEG images there", n_images ? images[0] : list_file);
