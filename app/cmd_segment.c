@@ -66,7 +66,8 @@ static const char segment_help[] =
     "                          picks, experts' overlap, block-output difference and\n"
     "                          pixels changed against full attention); -o is then\n"
     "                          optional. With --dump, the dump holds the block\n"
-    "                          outputs too\n"
+    "                          outputs too; with --skip-existing the file's lines\n"
+    "                          are kept and the new ones added\n"
     "\n"
     "large images:\n"
     "  --tile SIZE             run SIZExSIZE windows of the input image (each\n"
@@ -965,7 +966,8 @@ int cmd_segment(int argc, char **argv)
     /* Without the font the strip is drawn without labels. */
     if (a.heatmaps && viz_font_open(&r.font, viz_font_path(), 14) != MS_OK) r.font = NULL;
 #endif
-    if (a.stats && text_out_open(&r.stats_out, a.stats) != MS_OK) {
+    /* --skip-existing resumes a run: the lines of the images done stay */
+    if (a.stats && text_out_open(&r.stats_out, a.stats, a.skip_existing) != MS_OK) {
         cli_error("%s", ms_last_error());
         queue_free(&r.read_q);
         queue_free(&r.write_q);

@@ -301,7 +301,7 @@ ms_status stats_to_json(char **out, const ms_stats *st, const ms_result *r, cons
     return MS_OK;
 }
 
-ms_status text_out_open(ms_text_out *o, const char *path)
+ms_status text_out_open(ms_text_out *o, const char *path, bool keep_lines)
 {
     memset(o, 0, sizeof *o);
     size_t lp = strlen(path);
@@ -319,6 +319,26 @@ ms_status text_out_open(ms_text_out *o, const char *path)
         free(o->path), free(o->tmp);
         memset(o, 0, sizeof *o);
         return st;
+    }
+    FILE *old = keep_lines ? fopen(path, "r") : NULL;
+    if (old) {
+        /* the lines already there come first (a resumed run adds to them) */
+        char buf[1 << 16];
+        size_t n;
+        int lastc = '\n';
+        bool ok = true;
+        while (ok && (n = fread(buf, 1, sizeof buf, old)) > 0) {
+            ok = fwrite(buf, 1, n, o->f) == n;
+            lastc = buf[n - 1];
+        }
+        ok = ok && !ferror(old);
+        if (ok && lastc != '\n') ok = fputc('\n', o->f) != EOF; /* a cut last line ends */
+        fclose(old);
+        if (!ok) {
+            ms_status st = ms_error(MS_ERR_IO, "%s: cannot carry its lines over: %s", path, strerror(errno));
+            text_out_close(o, false);
+            return st;
+        }
     }
     return MS_OK;
 }
@@ -352,7 +372,7 @@ ms_status text_out_close(ms_text_out *o, bool keep)
 ms_status stats_write_text(const char *path, const char *text)
 {
     ms_text_out o;
-    MS_TRY(text_out_open(&o, path));
+    MS_TRY(text_out_open(&o, path, false));
     ms_status st = text_out_line(&o, text);
     ms_status st2 = text_out_close(&o, st == MS_OK);
     return st != MS_OK ? st : st2;

@@ -80,7 +80,8 @@ typedef struct {
     char *path, *tmp;
 } ms_text_out;
 
-ms_status text_out_open(ms_text_out *o, const char *path);
+/* keep_lines: the file's present lines are carried over first. */
+ms_status text_out_open(ms_text_out *o, const char *path, bool keep_lines);
 /* Appends line and a newline. */
 ms_status text_out_line(ms_text_out *o, const char *line);
 /* keep: flush, fsync and rename into place; else remove the temp file. */

@@ -405,7 +405,7 @@ START_TEST(test_text_out_atomic)
     const char *path = test_path("out.jsonl");
     write_bytes(path, "old\n", 4);
     ms_text_out o;
-    ck_assert(text_out_open(&o, path) == MS_OK);
+    ck_assert(text_out_open(&o, path, false) == MS_OK);
     ck_assert(text_out_line(&o, "{\"a\":1}") == MS_OK);
     /* until closed the old file stands */
     size_t n = 0;
@@ -416,11 +416,26 @@ START_TEST(test_text_out_atomic)
     t = (char *)read_bytes(path, &n);
     ck_assert(n == 4 && !memcmp(t, "old\n", 4)); /* dropped: nothing replaced */
     free(t);
-    ck_assert(text_out_open(&o, path) == MS_OK);
+    ck_assert(text_out_open(&o, path, false) == MS_OK);
     ck_assert(text_out_line(&o, "x") == MS_OK && text_out_line(&o, "y") == MS_OK);
     ck_assert(text_out_close(&o, true) == MS_OK);
     t = (char *)read_bytes(path, &n);
     ck_assert(n == 4 && !memcmp(t, "x\ny\n", 4));
+    free(t);
+    /* keep_lines (a resumed run): the old lines first, then the new */
+    ck_assert(text_out_open(&o, path, true) == MS_OK);
+    ck_assert(text_out_line(&o, "z") == MS_OK);
+    ck_assert(text_out_close(&o, true) == MS_OK);
+    t = (char *)read_bytes(path, &n);
+    ck_assert(n == 6 && !memcmp(t, "x\ny\nz\n", 6));
+    free(t);
+    /* a last line without its newline gets one */
+    write_bytes(path, "p", 1);
+    ck_assert(text_out_open(&o, path, true) == MS_OK);
+    ck_assert(text_out_line(&o, "q") == MS_OK);
+    ck_assert(text_out_close(&o, true) == MS_OK);
+    t = (char *)read_bytes(path, &n);
+    ck_assert(n == 4 && !memcmp(t, "p\nq\n", 4));
     free(t);
     /* no temp file left behind */
     char tmp[512];
