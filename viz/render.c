@@ -295,7 +295,7 @@ void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
             }
         }
     }
-    int lh_rows = lay->panel.y + lay->panel.h - PANEL_FOOT_ROWS * lh - 6;
+    int foot_y = lay->panel.y + lay->panel.h - PANEL_FOOT_ROWS * lh - 6;
     if (st->view == VIZ_STATS && has_record(r)) {
         /* five charts, two columns */
         int cols = 2, rows = 3, gap = 6;
@@ -308,7 +308,7 @@ void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
         lay->n_charts = 5;
     } else if ((st->view == VIZ_DIFF && has_layers(r)) || (st->view == VIZ_HEATMAP && has_record(r) && st->stats)) {
         int chh = clampi(lay->panel.h / 4, 90, 170);
-        viz_rect box = {lay->panel.x + 2, lh_rows - chh, lay->panel.w - 4, chh};
+        viz_rect box = {lay->panel.x + 2, foot_y - chh, lay->panel.w - 4, chh};
         lay->chart_box[0] = box;
         lay->chart[0] = viz_chart_area(box, st->font, true);
         lay->n_charts = 1;
