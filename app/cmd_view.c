@@ -707,7 +707,7 @@ static void on_key(viewer *v, const SDL_KeyboardEvent *ke, bool *quit)
             } else if (!v->want_sweep) {
                 v->want_sweep = true;
                 sweep_plan(v);
-                set_status(v, "budget sweep: %d runs in the background%s", v->n_sweep,
+                set_status(v, "%sbudget sweep: %d runs in the background%s", position(v), v->n_sweep,
                            v->have_full ? "" : " after the full-attention run");
                 start_next(v);
             }

@@ -24,7 +24,7 @@ static int line_h(const viz_font *f) { return f ? viz_font_height(f) + 2 : 14; }
 viz_rect viz_chart_area(viz_rect box, const viz_font *font, bool xlabel)
 {
     int lh = line_h(font);
-    int left = font ? viz_text_width(font, "100%") + 10 : 30;
+    int left = font ? viz_text_width(font, "100.0%") + 8 : 30; /* the widest tick label */
     int top = lh + 6, bottom = lh + 6 + (xlabel ? lh : 0);
     viz_rect a = {box.x + left, box.y + top, box.w - left - 10, box.h - top - bottom};
     if (a.w < 1) a.w = 1;
