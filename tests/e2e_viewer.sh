@@ -367,6 +367,9 @@ wait_log '^zoom 1\.00' 10 >/dev/null
 read -r V10 _ < <(save_now)
 # (the status line may differ: it says what was saved last)
 png differ "$TMP/fit.png" "$V10" 0.05 >/dev/null && fail "0 did not fit the image again"
+# the keyboard way: Ctrl+= zooms in about the pointer too
+xdotool key ctrl+equal
+wait_log '^zoom 1\.25' 10 >/dev/null
 quit_viewer "folder test"
 
 # 10. a folder dropped on the window opens as the list; what S saved in a

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "app/engine.h"
@@ -315,6 +316,23 @@ START_TEST(test_stats_from_dump)
         ck_assert_int_eq((int64_t)cJSON_GetObjectItem(vf, "changed")->valuedouble, changed);
         cJSON_Delete(root);
         free(text);
+        /* refused: a full-attention run (nothing to compare), the file onto an
+         * input, with --tile; each exit 2 and the input untouched */
+        const char *bad[] = {"--attention full --stats '%s'", "--stats '%s'", "--tile 32 --stats '%s'"};
+        for (int i = 0; i < 3; i++) {
+            char opts[600];
+            snprintf(opts, sizeof opts, bad[i], i == 1 ? png : test_path("bad.jsonl"));
+            snprintf(cmd, sizeof cmd, "'%s' segment '%s' --model '%s' --device cpu -q %s 2>/dev/null", bin, png,
+                     fixture_path(MODEL), opts);
+            int rc = system(cmd);
+            ck_assert_msg(WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "case %d: exit %d", i, WEXITSTATUS(rc));
+        }
+        ms_image again = {0};
+        ck_assert(image_read(&again, png) == MS_OK && again.w == IW &&
+                  !memcmp(again.rgb, img.rgb, (size_t)IW * IH * 3));
+        image_free(&again);
+        struct stat sb;
+        ck_assert_int_ne(stat(test_path("bad.jsonl"), &sb), 0);
     } else {
         fprintf(stderr, "note: MS_BIN not set; segment --stats not compared\n");
     }
