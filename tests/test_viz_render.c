@@ -641,6 +641,16 @@ START_TEST(test_stats_view)
     ms_stats s = {0};
     ck_assert(stats_compute(&s, &f.res, NULL) == MS_OK);
     ck_assert(!s.mita[1] && s.mita[2]); /* layer 1 of the fixture ran full attention */
+    /* the statistics' pruned fractions are the heatmap's */
+    int cnt[NT];
+    for (int l = 0; l < 4; l++)
+        for (int h = -1; h < HEADS && s.mita[l]; h++) {
+            ck_assert(viz_selection_counts(cnt, &f.res, l, h) >= 0);
+            double want = viz_pruned_fraction(NULL, cnt, &f.res);
+            double got = h < 0 ? s.pruned[l] : s.pruned_head[l * HEADS + h];
+            ck_assert_msg(fabs(got - want) < 1e-12, "layer %d head %d: %g vs heatmap %g", l, h, got, want);
+        }
+    ck_assert(s.pruned[0] > 0); /* row 5 of the token grid is never picked */
     viz_state st;
     state_for(&st, &f);
     st.view = VIZ_STATS;
