@@ -1043,7 +1043,7 @@ int cmd_view(int argc, char **argv)
     v->st.palette = v->cfg->palette;
     v->st.font = v->font;
     v->st.font_big = v->font_big;
-    set_status(v, "drop an image on the window (H: help)");
+    set_status(v, "drop an image or a folder on the window (H: help)");
     if (v->list.n > 0) load_image(v, v->list.items[0].path, 0);
     vlog(v, "window %u", (unsigned)SDL_GetWindowID(v->win));
     /* Tests: a file drop delivered through SDL's event queue as the window

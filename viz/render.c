@@ -1104,8 +1104,8 @@ static void draw_start(const canvas *c, const viz_layout *lay, const viz_state *
         big.font = st->font_big;
         big.line_h = viz_font_height(st->font_big) + 4;
     }
-    const char *l1 = "Drop an image on this window";
-    const char *l2 = "or pass a path: mitaseg view IMAGE.png";
+    const char *l1 = "Drop an image or a folder on this window";
+    const char *l2 = "or give paths: mitaseg view IMAGE.png, FOLDER, --list FILE";
     int y = lay->main.h / 2 - big.line_h;
     text(&big, (lay->W - text_w(&big, l1)) / 2, y, l1, col_text);
     text(c, (lay->W - text_w(c, l2)) / 2, y + big.line_h + 6, l2, col_dim);
