@@ -21,6 +21,7 @@
 
 #include "batch.h"
 #include "cli.h"
+#include "stats.h"
 #include "model_file.h"
 
 #ifdef MS_HAVE_VIEWER
@@ -59,6 +60,14 @@ static const char segment_help[] =
     "                          outputs appear only when complete, via temp + rename)\n"
     "  --dump FILE             (one image) also write the engine's logits, mask and\n"
     "                          MiTA selections as safetensors; -o is then optional\n"
+    "  --stats FILE.jsonl      also run full attention on each image and write one\n"
+    "                          JSON line per image of MiTA's per-layer statistics\n"
+    "                          (pruned fractions, shared-summary share, distinct\n"
+    "                          picks, experts' overlap, block-output difference and\n"
+    "                          pixels changed against full attention); -o is then\n"
+    "                          optional. With --dump, the dump holds the block\n"
+    "                          outputs too; with --skip-existing the file's lines\n"
+    "                          are kept and the new ones added\n"
     "\n"
     "large images:\n"
     "  --tile SIZE             run SIZExSIZE windows of the input image (each\n"
@@ -101,6 +110,7 @@ typedef struct {
     out_format format;
     bool overlay, heatmaps, recursive, skip_existing, quiet, read_stdin;
     const char *dump;
+    const char *stats;    /* --stats FILE.jsonl */
     int tile, overlap;
     int shard_i, shard_n;
     int batch;
@@ -130,6 +140,7 @@ typedef struct {
     ms_image img;           /* decoded input (kept for --overlay/--heatmaps) */
     uint8_t *mask;          /* (h, w) */
     ms_result *rec;         /* --heatmaps: the engine's record (owned) */
+    char *stats_line;       /* --stats: this image's JSON line (owned) */
 } job;
 
 typedef struct {
@@ -199,6 +210,7 @@ static void job_free(job *j)
     free(j->error);
     image_free(&j->img);
     free(j->mask);
+    free(j->stats_line);
     if (j->rec) {
         result_free(j->rec);
         free(j->rec);
@@ -265,6 +277,7 @@ typedef struct {
     double t0;
     double last_line;
     bool tty;
+    ms_text_out stats_out;  /* --stats lines, in the writer's order */
 #ifdef MS_HAVE_VIEWER
     viz_font *font;         /* --heatmaps labels; NULL: none */
 #endif
@@ -436,7 +449,8 @@ static void *writer_main(void *arg)
         } else if (j->kind == JOB_FAIL) {
             report_error(r, path, j->error ? j->error : "failed");
             r->failed++;
-        } else if (write_outputs(r, j) != MS_OK) {
+        } else if (write_outputs(r, j) != MS_OK ||
+                   (j->stats_line && text_out_line(&r->stats_out, j->stats_line) != MS_OK)) {
             report_error(r, path, ms_last_error());
             r->failed++;
         } else {
@@ -455,6 +469,8 @@ typedef struct {
     seg_run *r;
     ms_engine *e;
     ms_result *res;         /* (a->batch) results, reused batch after batch */
+    ms_result full;         /* --stats: the full-attention run of one image */
+    ms_stats stats;
     pthread_t thread;
     bool started;
 } seg_worker;
@@ -469,7 +485,8 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
         MS_CHECK_ALLOC(group[b]->mask, px);
     }
     ms_run_options opt = a->eng.run;
-    opt.record = a->dump != NULL || a->heatmaps;
+    opt.record = a->dump != NULL || a->heatmaps || a->stats;
+    opt.keep_blocks = a->stats != NULL;
     if (a->tile > 0)
         return batch_segment_tiled(group[0]->mask, w->e, &w->res[0], &opt, &group[0]->img,
                                    a->tile, a->overlap);
@@ -484,6 +501,14 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
                             res->h, j->img.w, j->img.h);
         memcpy(j->mask, res->mask, (size_t)j->img.w * j->img.h);
         if (a->dump) MS_TRY(result_write_dump(res, a->dump));
+        if (a->stats) {
+            ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true};
+            MS_TRY(engine_run(w->e, &w->full, &j->img, &fo));
+            MS_TRY(stats_compute(&w->stats, res, &w->full));
+            const ms_config *cfg = engine_config(w->e);
+            MS_TRY(stats_to_json(&j->stats_line, &w->stats, res, w->r->plan->list.items[j->item].path,
+                                 cfg->class_names, NULL, 0, false));
+        }
         if (a->heatmaps) {
             /* The viewer's strip needs the record after res is reused: hand it over. */
             j->rec = malloc(sizeof *j->rec);
@@ -681,7 +706,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
         if (!strcmp(o, "--skip-existing")) { a->skip_existing = true; continue; }
         if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) { a->quiet = true; continue; }
         /* options with a value */
-        static const char *const valued[] = {"-o", "--output", "--format", "--list", "--dump",
+        static const char *const valued[] = {"-o", "--output", "--format", "--list", "--dump", "--stats",
                                              "--tile", "--overlap", "--shard", "--batch",
                                              "--devices", NULL};
         bool known = false;
@@ -701,6 +726,8 @@ static int parse_args(seg_args *a, int argc, char **argv)
             a->lists[a->n_lists++] = v;
         } else if (!strcmp(o, "--dump")) {
             a->dump = v;
+        } else if (!strcmp(o, "--stats")) {
+            a->stats = v;
         } else if (!strcmp(o, "--tile")) {
             if (!parse_pos_int(v, 16, 65536, &a->tile))
                 return usage_error("--tile: expected a size in pixels (16..65536), got '%s'", v);
@@ -719,7 +746,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
     }
     if (a->n_inputs == 0 && a->n_lists == 0 && !a->read_stdin)
         return usage_error("no input images (give files, folders, --list FILE or -)");
-    if (!a->out_dir && !a->dump) return usage_error("-o DIR is required");
+    if (!a->out_dir && !a->dump && !a->stats) return usage_error("-o DIR is required");
     struct stat sb;
     if (a->out_dir && stat(a->out_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return usage_error("-o %s: exists and is not a folder", a->out_dir);
@@ -730,6 +757,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
             return usage_error("--overlap %d must be smaller than --tile %d", a->overlap, a->tile);
         if (a->dump) return usage_error("--dump records one forward pass; it cannot be combined with --tile");
         if (a->heatmaps) return usage_error("--heatmaps shows one forward pass; it cannot be combined with --tile");
+        if (a->stats) return usage_error("--stats describes one forward pass; it cannot be combined with --tile");
     }
     if (!a->out_dir && (a->overlay || a->heatmaps || a->skip_existing || a->format != FMT_INDEX))
         return usage_error("--overlay, --heatmaps, --format and --skip-existing need -o DIR");
@@ -908,6 +936,17 @@ int cmd_segment(int argc, char **argv)
         rc = enum_failed ? 1 : 0;
         goto out_plan;
     }
+    if (a.stats) {
+        /* the statistics file is an output too: never onto an input */
+        struct stat ss;
+        for (int i = 0; stat(a.stats, &ss) == 0 && i < plan.list.n; i++)
+            if (plan.list.items[i].exists && plan.list.items[i].dev == ss.st_dev &&
+                plan.list.items[i].ino == ss.st_ino) {
+                cli_error("segment: --stats %s is one of the input images; not overwriting it", a.stats);
+                rc = 2;
+                goto out_plan;
+            }
+    }
     int n_workers = a.n_devices > 0 ? a.n_devices : 1;
     seg_worker *workers = calloc((size_t)n_workers, sizeof *workers);
     if (!workers) {
@@ -939,8 +978,14 @@ int cmd_segment(int argc, char **argv)
         }
     }
     const ms_config *cfg = engine_config(workers[0].e);
-    if (a.heatmaps && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
-                          MS_ATTN_MITA) {
+    if ((a.heatmaps || a.stats) && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
+                                       MS_ATTN_MITA) {
+        if (a.stats) {
+            cli_error("segment: --stats describes MiTA against full attention, but this run uses full "
+                      "attention (add --attention mita)");
+            rc = 2;
+            goto out_workers;
+        }
         cli_error("segment: --heatmaps draws MiTA expert selections, but this run uses full "
                   "attention (add --attention mita)");
         rc = 2;
@@ -981,6 +1026,14 @@ int cmd_segment(int argc, char **argv)
     /* Without the font the strip is drawn without labels. */
     if (a.heatmaps && viz_font_open(&r.font, viz_font_path(), 14) != MS_OK) r.font = NULL;
 #endif
+    /* --skip-existing resumes a run: the lines of the images done stay */
+    if (a.stats && text_out_open(&r.stats_out, a.stats, a.skip_existing) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        queue_free(&r.read_q);
+        queue_free(&r.write_q);
+        rc = 1;
+        goto out_workers;
+    }
     cli_interrupt_graceful();
     r.t0 = cli_now_s();
     pthread_t reader, writer;
@@ -1024,11 +1077,18 @@ int cmd_segment(int argc, char **argv)
     if (r.font) viz_font_free(r.font);
 #endif
     rc = !have_writer || started == 0 ? 1 : cli_interrupted ? cli_interrupt_status() : r.failed ? 1 : 0;
+    /* the lines of the images done, interrupted or not */
+    if (a.stats && text_out_close(&r.stats_out, true) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        rc = 1;
+    }
 out_workers:
     for (int i = 0; i < n_workers; i++) {
         if (workers[i].res)
             for (int b = 0; b < a.batch; b++) result_free(&workers[i].res[b]);
         free(workers[i].res);
+        result_free(&workers[i].full);
+        stats_free(&workers[i].stats);
         engine_free(workers[i].e);
     }
     free(workers);

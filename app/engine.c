@@ -27,7 +27,7 @@ typedef struct {
     bool used;
     uint64_t last_use;
     int h, w, batch, attention, gh, gw, topk;
-    bool record;
+    bool record, keep_blocks;
     ms_arena act;
     float *pos;             /* (n, C) resized position embedding, in act */
     size_t act_base;        /* act mark after pos: reset point for each run */
@@ -429,7 +429,7 @@ typedef struct {
     int h, w, rh, rw, ph, pw, hp, wp, n;
     ms_attn_type attention;
     ms_mita_params mita;
-    bool record;
+    bool record, keep_blocks;
 } run_geometry;
 
 static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, int h, int w,
@@ -461,6 +461,7 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     g->mita.topk = k < g->n ? k : g->n;     /* spec 2.2: clamp k to N */
     g->mita.shared_scale_d = c->attn.shared_scale_d;
     g->record = opt->record && g->attention == MS_ATTN_MITA;
+    g->keep_blocks = opt->keep_blocks;
     return MS_OK;
 }
 
@@ -471,6 +472,7 @@ typedef struct {
     int32_t *topk_idx;    /* (B, depth, heads, m, k) or NULL */
     int32_t *route;       /* (B, depth, heads, n) or NULL */
     float *shared_mass;   /* (B, depth, heads, n) or NULL */
+    float *blocks;        /* (B, depth, n, C) or NULL */
 } run_buffers;
 
 /* The whole forward pass of a batch on the plan's arena; in a dry run only
@@ -499,6 +501,8 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
         ALLOC(rb->route, layers * g->n * sizeof(int32_t));
         ALLOC(rb->shared_mass, layers * g->n * sizeof(float));
     }
+    rb->blocks = NULL;
+    if (g->keep_blocks) ALLOC(rb->blocks, (size_t)B * c->depth * g->n * C * sizeof(float));
     /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
      * normalised, padded into (B, 3, ph, pw). */
     float *raw, *resized = NULL;
@@ -530,7 +534,8 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
     float *taps[4]; /* each (B, C, hp, wp) */
     for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)B * C * g->n * sizeof(float));
     vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
-                   .route = rb->route, .shared_mass = rb->shared_mass};
+                   .route = rb->route, .shared_mass = rb->shared_mass,
+                   .blocks = rb->blocks};
     MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B, g->ph, g->pw,
                        tr));
 
@@ -568,7 +573,7 @@ static bool plan_matches(const engine_plan *pl, const run_geometry *g)
     return pl->used && pl->h == g->h && pl->w == g->w && pl->batch == g->batch &&
            pl->attention == (int)g->attention &&
            pl->gh == g->mita.gh && pl->gw == g->mita.gw && pl->topk == g->mita.topk &&
-           pl->record == g->record;
+           pl->record == g->record && pl->keep_blocks == g->keep_blocks;
 }
 
 /* Finds or builds the plan for this geometry: sizes the activation arena with
@@ -639,6 +644,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     pl->used = true;
     pl->h = g->h, pl->w = g->w, pl->batch = g->batch, pl->attention = g->attention;
     pl->gh = g->mita.gh, pl->gw = g->mita.gw, pl->topk = g->mita.topk, pl->record = g->record;
+    pl->keep_blocks = g->keep_blocks;
     pl->last_use = ++e->clock;
     *out = pl;
     return MS_OK;
@@ -671,6 +677,17 @@ static ms_status result_reserve(ms_result *r, const run_geometry *g, const ms_co
                 return ms_error(MS_ERR_OOM, "out of memory: MiTA record");
         }
     }
+    size_t nb = (size_t)c->depth * g->n * c->embed_dim;
+    if (g->keep_blocks && !(r->blocks && r->dim == c->embed_dim && r->n == g->n && r->depth == c->depth)) {
+        ms_free(r->blocks);
+        r->blocks = ms_malloc(nb * sizeof(float));
+        if (!r->blocks) return ms_error(MS_ERR_OOM, "out of memory: block outputs");
+    }
+    if (!g->keep_blocks) {
+        ms_free(r->blocks);
+        r->blocks = NULL;
+    }
+    r->dim = g->keep_blocks ? c->embed_dim : 0;
     r->h = g->h, r->w = g->w, r->rh = g->rh, r->rw = g->rw, r->ph = g->ph, r->pw = g->pw;
     r->patch = c->patch_size, r->hp = g->hp, r->wp = g->wp, r->n = g->n;
     r->classes = c->n_classes, r->depth = c->depth, r->heads = c->num_heads;
@@ -752,6 +769,10 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
                               dh * g.n * sizeof(float));
             memset(r->layer_mita, 1, (size_t)c->depth);
         }
+        if (st == MS_OK && g.keep_blocks) {
+            size_t nb = (size_t)c->depth * g.n * c->embed_dim;
+            st = copy_out(e, r->blocks, rb.blocks + b * nb, nb * sizeof(float));
+        }
     }
 #ifdef MS_HAVE_CUDA
     if (st == MS_OK && e->be.device == MS_DEVICE_CUDA) st = cuda_sync(e->cu);
@@ -771,7 +792,7 @@ void result_free(ms_result *r)
 {
     if (!r) return;
     ms_free(r->logits), ms_free(r->mask), ms_free(r->topk_idx), ms_free(r->route);
-    ms_free(r->shared_mass), ms_free(r->layer_mita);
+    ms_free(r->shared_mass), ms_free(r->layer_mita), ms_free(r->blocks);
     memset(r, 0, sizeof *r);
 }
 
@@ -779,7 +800,8 @@ ms_status result_write_dump(const ms_result *r, const char *path)
 {
     if (!r->logits) return ms_error(MS_ERR_ARG, "%s: nothing to dump", path);
     int depth = r->topk_idx ? r->depth : 0;
-    int n = 2 + 2 * depth;
+    int nblocks = r->blocks ? r->depth : 0, per_layer = r->shared_mass ? 3 : 2;
+    int n = 2 + per_layer * depth + nblocks;
     ms_tensor *t = calloc((size_t)n, sizeof *t);
     char(*names)[48] = calloc((size_t)n, sizeof *names);
     if (!t || !names) {
@@ -792,17 +814,31 @@ ms_status result_write_dump(const ms_result *r, const char *path)
     t[1] = (ms_tensor){.name = "mask", .dtype = MS_DT_U8, .ndim = 2, .shape = {r->h, r->w},
                        .data = r->mask, .nbytes = (size_t)r->h * r->w};
     for (int i = 0; i < depth; i++) {
-        ms_tensor *a = &t[2 + 2 * i], *b = &t[3 + 2 * i];
-        snprintf(names[2 + 2 * i], sizeof names[0], "layers.%d.topk_idx", i);
-        snprintf(names[3 + 2 * i], sizeof names[0], "layers.%d.route", i);
+        int at = 2 + per_layer * i;
+        ms_tensor *a = &t[at], *b = &t[at + 1];
+        snprintf(names[at], sizeof names[0], "layers.%d.topk_idx", i);
+        snprintf(names[at + 1], sizeof names[0], "layers.%d.route", i);
         size_t per = (size_t)r->heads * r->m * r->k;
-        *a = (ms_tensor){.name = names[2 + 2 * i], .dtype = MS_DT_I32, .ndim = 3,
+        *a = (ms_tensor){.name = names[at], .dtype = MS_DT_I32, .ndim = 3,
                          .shape = {r->heads, r->m, r->k}, .data = r->topk_idx + (size_t)i * per,
                          .nbytes = per * sizeof(int32_t)};
         size_t pr = (size_t)r->heads * r->n;
-        *b = (ms_tensor){.name = names[3 + 2 * i], .dtype = MS_DT_I32, .ndim = 2,
+        *b = (ms_tensor){.name = names[at + 1], .dtype = MS_DT_I32, .ndim = 2,
                          .shape = {r->heads, r->n}, .data = r->route + (size_t)i * pr,
                          .nbytes = pr * sizeof(int32_t)};
+        if (per_layer == 3) {
+            snprintf(names[at + 2], sizeof names[0], "layers.%d.shared_mass", i);
+            t[at + 2] = (ms_tensor){.name = names[at + 2], .dtype = MS_DT_F32, .ndim = 2,
+                                    .shape = {r->heads, r->n}, .data = r->shared_mass + (size_t)i * pr,
+                                    .nbytes = pr * sizeof(float)};
+        }
+    }
+    for (int i = 0; i < nblocks; i++) {
+        int at = 2 + per_layer * depth + i;
+        size_t pb = (size_t)r->n * r->dim;
+        snprintf(names[at], sizeof names[0], "blocks.%d", i);
+        t[at] = (ms_tensor){.name = names[at], .dtype = MS_DT_F32, .ndim = 2, .shape = {r->n, r->dim},
+                            .data = r->blocks + (size_t)i * pb, .nbytes = pb * sizeof(float)};
     }
     char grid[32], topk[16];
     snprintf(grid, sizeof grid, "%dx%d", r->gh, r->gw);

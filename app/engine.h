@@ -26,6 +26,7 @@ typedef struct {
     int gh, gw;         /* landmarks, 0: model's */
     int topk;           /* 0: model's */
     bool record;        /* record MiTA selections (viewer, --dump) */
+    bool keep_blocks;   /* keep every block's output tokens (depth chart, --stats) */
 } ms_run_options;
 
 typedef struct {
@@ -45,6 +46,9 @@ typedef struct {
     int32_t *topk_idx;      /* (depth, heads, m, k) */
     int32_t *route;         /* (depth, heads, n) */
     float *shared_mass;     /* (depth, heads, n) */
+    /* keep_blocks: every block's output tokens, MiTA or full */
+    int dim;                /* token width C; 0 without blocks */
+    float *blocks;          /* (depth, n, dim) or NULL */
     /* run facts */
     int attention;          /* MS_ATTN_* actually used */
     double ms_total;        /* wall time of the forward pass; in a batch of
@@ -79,7 +83,8 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res /* (count) */,
                            const ms_run_options *opt);
 void result_free(ms_result *res);
 
-/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
+/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route/
+ * shared_mass when recorded, blocks.{i} when kept). */
 ms_status result_write_dump(const ms_result *res, const char *path);
 
 /* Test hook: called with every stage's output (host copy), named as in the

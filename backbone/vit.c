@@ -147,6 +147,10 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float
         MS_TRY(op_linear(be, hid, xn, bl->fc1_w, bl->fc1_b, BN, C, R, MS_ACT_GELU, false));
         MS_TRY(op_linear(be, x, hid, bl->fc2_w, bl->fc2_b, BN, R, C, MS_ACT_NONE, true));
 
+        if (run->blocks) /* (N, C) rows of image b to its (b, i) slot */
+            for (int b = 0; b < batch; b++)
+                MS_TRY(op_crop(be, run->blocks + ((size_t)b * cfg->depth + i) * img_tokens,
+                               x + b * img_tokens, 1, N, C, N, C));
         char name[32];
         snprintf(name, sizeof name, "blocks.%d", i);
         MS_TRY(trace_emit_each(be, tr, name, x, batch, 2, tok_shape));

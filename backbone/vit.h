@@ -55,6 +55,7 @@ typedef struct {
     int32_t *topk_idx;              /* (batch, depth, heads, m, k) */
     int32_t *route;                 /* (batch, depth, heads, n) */
     float *shared_mass;             /* (batch, depth, heads, n) */
+    float *blocks;                  /* (batch, depth, n, C) block outputs, or NULL */
 } vit_run;
 
 /* Resizes the stored position embedding to a (hp, wp) grid (bicubic), or
