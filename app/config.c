@@ -201,6 +201,7 @@ static ms_status parse_backbone(ms_config *c, const cJSON *root)
         }
     }
     MS_TRY(get_bool(&c->final_norm, bb, "final_norm", "backbone.final_norm", false));
+    MS_TRY(get_bool(&c->cls_token, bb, "cls_token", "backbone.cls_token", false));
 
     static const char *const attn_types[] = {"full", "mita"}; /* index == ms_attn_type */
     static const char *const scales[] = {"d", "sqrt_d"};

@@ -30,6 +30,7 @@ typedef struct {
     int pos_grid[2];        /* Hp, Wp */
     int out_indices[4];
     bool final_norm;
+    bool cls_token;         /* a class token at sequence index 0 (mita-spec 1, 2.7) */
     ms_attn_config attn;
     /* neck */
     ms_neck_type neck;

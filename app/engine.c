@@ -185,8 +185,21 @@ static void load_weights(loader *ld, ms_engine *e)
         }
         load_conv(ld, &v->stem_proj, C, ci, 1, 1, true, false, "backbone.stem.proj");
     }
-    int64_t pos_shape[3] = {1, (int64_t)c->pos_grid[0] * c->pos_grid[1], C};
+    int nc = c->cls_token ? 1 : 0;
+    if (!nc && ld->st == MS_OK && model_file_find(ld->mf, "backbone.cls_token")) {
+        /* Running without it would silently drop a token the weights rely on. */
+        ld->st = ms_error(MS_ERR_FORMAT,
+                          "%s: has a tensor backbone.cls_token but the config's "
+                          "backbone.cls_token is not true",
+                          model_file_path(ld->mf));
+        return;
+    }
+    int64_t pos_shape[3] = {1, nc + (int64_t)c->pos_grid[0] * c->pos_grid[1], C};
     v->pos_embed = load(ld, 3, pos_shape, "backbone.pos_embed");
+    if (nc) {
+        int64_t cls_shape[3] = {1, 1, C};
+        v->cls_token = load(ld, 3, cls_shape, "backbone.cls_token");
+    }
     v->blocks = calloc((size_t)c->depth, sizeof *v->blocks);
     if (!v->blocks) {
         ld->st = ms_error(MS_ERR_OOM, "out of memory: %d block descriptors", c->depth);
@@ -266,6 +279,7 @@ static void rebase_weights(ms_engine *e, const ms_arena *from, const ms_arena *t
     for (int i = 0; i < MS_MAX_STEM; i++) rebase_conv(&v->stem[i], from, to);
     rebase_conv(&v->stem_proj, from, to);
     rebase_ptr(&v->pos_embed, from, to);
+    rebase_ptr(&v->cls_token, from, to);
     rebase_ptr(&v->norm_w, from, to);
     rebase_ptr(&v->norm_b, from, to);
     for (int i = 0; i < e->cfg->depth; i++) {
@@ -414,6 +428,7 @@ void mita_landmark_window(int *r0, int *r1, int *c0, int *c1, int m, int hp, int
 typedef struct {
     int batch;              /* images in the pass, all h x w */
     int h, w, rh, rw, ph, pw, hp, wp, n;
+    int ncls, seq;          /* class tokens (0 or 1); seq = ncls + n tokens */
     ms_attn_type attention;
     ms_mita_params mita;
     bool record;
@@ -438,6 +453,7 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     g->ph = (g->ph + p - 1) / p * p; /* the grid needs whole patches */
     g->pw = (g->pw + p - 1) / p * p;
     g->hp = g->ph / p, g->wp = g->pw / p, g->n = g->hp * g->wp;
+    g->ncls = c->cls_token ? 1 : 0, g->seq = g->ncls + g->n;
     if ((int64_t)g->ph * g->pw > ((int64_t)1 << 28))
         return ms_error(MS_ERR_ARG, "network input %dx%d is too large", g->pw, g->ph);
     g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
@@ -445,8 +461,9 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     int k = opt->topk > 0 ? opt->topk : c->attn.topk;
     g->mita.gh = gh < g->hp ? gh : g->hp;   /* spec 2.1: clamp G to the grid */
     g->mita.gw = gw < g->wp ? gw : g->wp;
-    g->mita.topk = k < g->n ? k : g->n;     /* spec 2.2: clamp k to N */
+    g->mita.topk = k < g->seq ? k : g->seq; /* spec 2.2: clamp k to the keys */
     g->mita.shared_scale_d = c->attn.shared_scale_d;
+    g->mita.ncls = g->ncls;
     g->record = opt->record && g->attention == MS_ATTN_MITA;
     return MS_OK;
 }
@@ -456,8 +473,8 @@ typedef struct {
     float *logits;        /* (B, classes, h, w) */
     uint8_t *mask;        /* (B, h, w) */
     int32_t *topk_idx;    /* (B, depth, heads, m, k) or NULL */
-    int32_t *route;       /* (B, depth, heads, n) or NULL */
-    float *shared_mass;   /* (B, depth, heads, n) or NULL */
+    int32_t *route;       /* (B, depth, heads, seq) or NULL */
+    float *shared_mass;   /* (B, depth, heads, seq) or NULL */
 } run_buffers;
 
 /* The whole forward pass of a batch on the plan's arena; in a dry run only
@@ -483,8 +500,8 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
     if (g->record) {
         size_t layers = (size_t)B * c->depth * heads;
         ALLOC(rb->topk_idx, layers * M * k * sizeof(int32_t));
-        ALLOC(rb->route, layers * g->n * sizeof(int32_t));
-        ALLOC(rb->shared_mass, layers * g->n * sizeof(float));
+        ALLOC(rb->route, layers * g->seq * sizeof(int32_t));
+        ALLOC(rb->shared_mass, layers * g->seq * sizeof(float));
     }
     /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
      * normalised, padded into (B, 3, ph, pw). */
@@ -511,7 +528,7 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
                                 g->pw, c->mean, c->stdv));
         MS_TRY(trace_emit(be, tr, "input", input_b, 3, in_shape));
     }
-    const int64_t pos_shape[2] = {g->n, C};
+    const int64_t pos_shape[2] = {g->seq, C};
     MS_TRY(trace_emit(be, tr, "pos_embed", pl->pos, 2, pos_shape));
 
     float *taps[4]; /* each (B, C, hp, wp) */
@@ -589,7 +606,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     be->dry_run = true;
     be->scratch = act;
     run_buffers rb;
-    pl->pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
+    pl->pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
     ms_status st = engine_forward(e, pl, g, &rb, NULL);
     be->dry_run = false;
     size_t need = act->high;
@@ -607,7 +624,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
         memset(pl, 0, sizeof *pl);
         return st;
     }
-    pl->pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
+    pl->pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
     st = vit_resize_pos_embed(be, act, pl->pos, &e->vit, e->cfg, g->hp, g->wp);
     if (st != MS_OK) return st;
     pl->act_base = arena_mark(act);
@@ -634,20 +651,20 @@ static ms_status result_reserve(ms_result *r, const run_geometry *g, const ms_co
     int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
     if (g->record) {
         bool same_rec = r->topk_idx && r->depth == c->depth && r->heads == c->num_heads &&
-                        r->m == M && r->k == k && r->n == g->n;
+                        r->m == M && r->k == k && r->n == g->n && r->ncls == g->ncls;
         if (!same_rec) {
             ms_free(r->topk_idx), ms_free(r->route), ms_free(r->shared_mass), ms_free(r->layer_mita);
             size_t dh = (size_t)c->depth * c->num_heads;
             r->topk_idx = ms_malloc(dh * M * k * sizeof(int32_t));
-            r->route = ms_malloc(dh * g->n * sizeof(int32_t));
-            r->shared_mass = ms_malloc(dh * g->n * sizeof(float));
+            r->route = ms_malloc(dh * g->seq * sizeof(int32_t));
+            r->shared_mass = ms_malloc(dh * g->seq * sizeof(float));
             r->layer_mita = ms_malloc((size_t)c->depth);
             if (!r->topk_idx || !r->route || !r->shared_mass || !r->layer_mita)
                 return ms_error(MS_ERR_OOM, "out of memory: MiTA record");
         }
     }
     r->h = g->h, r->w = g->w, r->rh = g->rh, r->rw = g->rw, r->ph = g->ph, r->pw = g->pw;
-    r->patch = c->patch_size, r->hp = g->hp, r->wp = g->wp, r->n = g->n;
+    r->patch = c->patch_size, r->hp = g->hp, r->wp = g->wp, r->n = g->n, r->ncls = g->ncls;
     r->classes = c->n_classes, r->depth = c->depth, r->heads = c->num_heads;
     r->gh = g->mita.gh, r->gw = g->mita.gw, r->m = M, r->k = k;
     r->attention = g->attention;
@@ -721,10 +738,11 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
         if (st == MS_OK && g.record) {
             st = copy_out(e, r->topk_idx, rb.topk_idx + b * n_topk, n_topk * sizeof(int32_t));
             if (st == MS_OK)
-                st = copy_out(e, r->route, rb.route + b * dh * g.n, dh * g.n * sizeof(int32_t));
+                st = copy_out(e, r->route, rb.route + b * dh * g.seq,
+                              dh * g.seq * sizeof(int32_t));
             if (st == MS_OK)
-                st = copy_out(e, r->shared_mass, rb.shared_mass + b * dh * g.n,
-                              dh * g.n * sizeof(float));
+                st = copy_out(e, r->shared_mass, rb.shared_mass + b * dh * g.seq,
+                              dh * g.seq * sizeof(float));
             memset(r->layer_mita, 1, (size_t)c->depth);
         }
     }
@@ -774,9 +792,9 @@ ms_status result_write_dump(const ms_result *r, const char *path)
         *a = (ms_tensor){.name = names[2 + 2 * i], .dtype = MS_DT_I32, .ndim = 3,
                          .shape = {r->heads, r->m, r->k}, .data = r->topk_idx + (size_t)i * per,
                          .nbytes = per * sizeof(int32_t)};
-        size_t pr = (size_t)r->heads * r->n;
+        size_t pr = (size_t)r->heads * (r->n + r->ncls); /* the class token last */
         *b = (ms_tensor){.name = names[3 + 2 * i], .dtype = MS_DT_I32, .ndim = 2,
-                         .shape = {r->heads, r->n}, .data = r->route + (size_t)i * pr,
+                         .shape = {r->heads, r->n + r->ncls}, .data = r->route + (size_t)i * pr,
                          .nbytes = pr * sizeof(int32_t)};
     }
     char grid[32], topk[16];

@@ -191,24 +191,24 @@ ms_status op_mita(ms_backend *be, float *out, const float *qkv, int hp, int wp, 
                          hp, wp, c, heads);
     if ((long long)hp * wp > INT_MAX / 64)
         return BAD_SIZES(__func__, "hp=%d wp=%d: too many tokens", hp, wp);
-    if (p->gh <= 0 || p->gw <= 0 || p->topk <= 0)
-        return BAD_SIZES(__func__, "gh=%d gw=%d topk=%d", p->gh, p->gw, p->topk);
-    int gh, gw, k;
+    if (p->gh <= 0 || p->gw <= 0 || p->topk <= 0 || p->ncls < 0 || p->ncls > 1)
+        return BAD_SIZES(__func__, "gh=%d gw=%d topk=%d ncls=%d", p->gh, p->gw, p->topk, p->ncls);
+    int gh, gw, k, nc = p->ncls;
     mita_clamp(&gh, &gw, &k, hp, wp, p); /* the caller clamps too; be defensive */
     int chunks = cpu_chunks(be);
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(mita_cuda_scratch_bytes(hp, wp, c, heads, gh, gw, k))
-                       : mita_scratch_bytes(hp, wp, c, heads, gh, gw, k, chunks);
+                       ? CUDA_BYTES(mita_cuda_scratch_bytes(hp, wp, nc, c, heads, gh, gw, k))
+                       : mita_scratch_bytes(hp, wp, nc, c, heads, gh, gw, k, chunks);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
     if (!be->dry_run) {
         if (be->device == MS_DEVICE_CPU)
-            mita_cpu(out, qkv, hp, wp, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
+            mita_cpu(out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
                      chunks);
         else {
 #ifdef MS_HAVE_CUDA
-            st = mita_cuda(be, out, qkv, hp, wp, c, heads, gh, gw, k, p->shared_scale_d, rec,
+            st = mita_cuda(be, out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec,
                            s.ptr);
 #else
             st = no_cuda(__func__);

@@ -681,7 +681,7 @@ static void e2e_case(const char *case_name)
             check_close(rg.logits, rc.logits, np * (size_t)rc.classes, 1e-3, what);
             if (rc.attention == MS_ATTN_MITA && rc.topk_idx && rg.topk_idx) {
                 size_t per = (size_t)rc.depth * rc.heads * rc.m * rc.k;
-                size_t pr = (size_t)rc.depth * rc.heads * rc.n;
+                size_t pr = (size_t)rc.depth * rc.heads * (rc.n + rc.ncls);
                 /* identical up to near-ties (test_mita checks those exactly;
                  * here the scores are not at hand): at most 0.1% of entries */
                 size_t diff = 0, total = 0;
@@ -709,7 +709,7 @@ static void e2e_case(const char *case_name)
 START_TEST(test_e2e_fixtures)
 {
     const char *cases[] = {"full_none", "mita_d", "mita_sqrtd_conv", "pad_resize",
-                           "posgrid",   "small_grid", "f16"};
+                           "posgrid",   "small_grid", "f16", "cls_mita", "cls_full"};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) e2e_case(cases[i]);
 }
 END_TEST

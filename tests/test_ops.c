@@ -887,10 +887,10 @@ START_TEST(test_mita_thread_count_independent)
     float *a = falloc((size_t)n * c), *b = falloc((size_t)n * c);
     int32_t ia[2 * 12 * 11], ib[2 * 12 * 11];
     ms_mita_record ra = {ia, NULL, NULL}, rb = {ib, NULL, NULL};
-    void *ws = ms_malloc(mita_scratch_bytes(hp, wp, c, heads, gh, gw, k, 3));
+    void *ws = ms_malloc(mita_scratch_bytes(hp, wp, 0, c, heads, gh, gw, k, 3));
     ck_assert_ptr_nonnull(ws);
-    mita_cpu(a, qkv, hp, wp, c, heads, gh, gw, k, true, &ra, ws, 1);
-    mita_cpu(b, qkv, hp, wp, c, heads, gh, gw, k, true, &rb, ws, 3);
+    mita_cpu(a, qkv, hp, wp, 0, c, heads, gh, gw, k, true, &ra, ws, 1);
+    mita_cpu(b, qkv, hp, wp, 0, c, heads, gh, gw, k, true, &rb, ws, 3);
     check_close_f(a, b, (size_t)n * c, 1e-6, "mita 1 vs 3 threads");
     ck_assert_mem_eq(ia, ib, sizeof ia); /* random data: no ties within an ulp */
     ms_free(ws); ms_free(qkv); ms_free(a); ms_free(b);
@@ -970,7 +970,7 @@ START_TEST(test_dispatch_scratch)
     ck_assert_int_eq(op_attention_full(&be, NULL, NULL, n, c, heads), MS_OK);
     ck_assert_uint_eq(arena.used, 0);
     size_t need = arena.high;
-    ck_assert_uint_ge(need, mita_scratch_bytes(hp, wp, c, heads, 7, 7, 49, be.threads > 0 ? be.threads : 1));
+    ck_assert_uint_ge(need, mita_scratch_bytes(hp, wp, 0, c, heads, 7, 7, 49, be.threads > 0 ? be.threads : 1));
     ck_assert_uint_ge(need, conv2d_scratch_floats(8, 20, 30, 4, 3, 3, 1, 1) * sizeof(float));
     arena_free(&arena);
 

@@ -99,6 +99,15 @@ CASES = [
         backbone__attention={"type": "mita", "landmarks": [3, 3], "topk": 6, "shared_scale": "sqrt_d"},
         neck={"type": "fpn-deconv"}), (40, 56), "F16",
      "weights stored F16 (golden computed from the F16-rounded weights), fpn-deconv, grid 5x7"),
+    ("cls_mita", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[5, 7], backbone__final_norm=True),
+     (48, 56), "F32",
+     "class token, pos_grid 5x7 (+ class row) resized to the run grid 6x7, final_norm, "
+     "MiTA 3x3 k8"),
+    ("cls_full", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[6, 7],
+        backbone__attention={"type": "full", "landmarks": [3, 3], "topk": 8, "shared_scale": "d"}),
+     (48, 56), "F32", "class token, full attention, grid 6x7"),
 ]
 
 
@@ -144,6 +153,8 @@ def randomise(model, seed):
                     u = torch.rand(mod.running_var.shape, generator=g, dtype=torch.float64)
                     mod.running_var.copy_(0.5 + 1.5 * u)
         model.backbone.pos_embed.copy_(0.5 * rn(*model.backbone.pos_embed.shape))
+        if model.backbone.ncls:
+            model.backbone.cls_token.copy_(rn(*model.backbone.cls_token.shape))
 
 
 # ------------------------------------------------------------------ checks
@@ -184,14 +195,18 @@ def layer_qkv(model, x_in, i):
 
 
 def check_layers(model, stages, grid, att, dense_all=False):
-    """Vectorised MiTA vs the naive loop (and vs a dense formula when k >= N)."""
+    """Vectorised MiTA vs the naive loop (and vs a dense formula when k >= N).
+    With a class token the naive loop sees it as one more key and query (spec
+    2.7); only the landmarks leave it out."""
+    nc = model.backbone.ncls
     for i in range(len(model.backbone.blocks)):
         if "blocks.%d" % i not in stages:
             break
         x_in = stages["embed"] if i == 0 else stages["blocks.%d" % (i - 1)]
         q, k, v, qt = layer_qkv(model, x_in, i)
-        L, _ = R.mita_landmarks(qt.unsqueeze(0), grid, att["landmarks"], q.shape[0])
-        vec = R.attention_mita(q[None], k[None], v[None], L, att["topk"], att["shared_scale"])[0]
+        L, _ = R.mita_landmarks(qt[nc:].unsqueeze(0), grid, att["landmarks"], q.shape[0])
+        vec = R.attention_mita(q[None], k[None], v[None], L, att["topk"], att["shared_scale"],
+                               ncls=nc)[0]
         if dense_all:
             assert att["topk"] >= q.shape[1]
             d = q.shape[-1]
@@ -208,7 +223,7 @@ def check_layers(model, stages, grid, att, dense_all=False):
         err = (vec - ref).abs().max().item()
         assert err < 1e-10, "MiTA layer %d: vectorised vs reference differ by %g" % (i, err)
         # joint softmax == log-sum-exp merge of the two partial softmaxes
-        if i == 0:
+        if i == 0 and nc == 0:
             rec = {}
             R.attention_mita(q[None], k[None], v[None], L, att["topk"], att["shared_scale"], rec)
             e, idx = rec["route"][0], rec["topk_idx"][0]
@@ -291,7 +306,7 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     att = R.resolve_attention(model.cfg["backbone"]["attention"], None)
     grid = tuple(stages["taps.0"].shape[-2:])
     with torch.no_grad():
-        if name in ("mita_d", "pad_resize"):
+        if name in ("mita_d", "pad_resize", "cls_mita"):
             check_layers(model, stages, grid, att)
         if name == "small_grid":
             check_layers(model, stages, grid, att, dense_all=True)

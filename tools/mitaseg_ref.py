@@ -16,14 +16,16 @@ Layout of this file
   7. model file I/O (model-format.md)             save_model(), load_model()
 
 Stage names recorded by MitaSeg.forward(x, stages=dict) (batch dim first):
-  pos_embed (1,N,C) resized; embed (B,N,C); blocks.{i} (B,N,C);
+  T = N tokens, or 1 + N with a class token (it comes first in the sequence);
+  pos_embed (1,T,C) resized; embed (B,T,C); blocks.{i} (B,T,C);
   taps.{j} (B,C,Hp,Wp); neck.{l} (B,Cn,h_l,w_l); head.psp (B,ch,h3,w3);
   head.fpn.{l} (B,ch,h_l,w_l) l=0..2; head.fused (B,ch,h0,w0);
   head.logits (B,classes,h0,w0);
   per MiTA layer i: layers.{i}.topk_idx (B,h,M,k) int64, layers.{i}.route
-  (B,h,N) int64, layers.{i}.probe (B,h,M,N) = L K^T, layers.{i}.routing
-  (B,h,N,M) = Q L^T (both unscaled), plus layers.{i}.grid = (Gh, Gw, k)
-  (the effective landmarks and top-k).
+  (B,h,T) int64, layers.{i}.probe (B,h,M,T) = L K^T, layers.{i}.routing
+  (B,h,T,M) = Q L^T (both unscaled), plus layers.{i}.grid = (Gh, Gw, k)
+  (the effective landmarks and top-k). Recorded positions are numbered as
+  mita-spec 2.7 reports them: grid tokens 0..N-1, the class token N (last).
 segment() adds: image, input, logits (B,classes,H,W), mask (B,H,W).
 """
 
@@ -58,6 +60,8 @@ def complete_config(cfg):
     bb.setdefault("ln_eps", 1e-6)
     bb.setdefault("out_indices", [2, 5, 8, 11])
     bb.setdefault("final_norm", False)
+    # cls_token (default false) is not filled in: files without one keep
+    # their config strings byte for byte; read it with bb.get("cls_token").
     att = bb.setdefault("attention", {})
     for k, v in DEFAULT_ATTENTION.items():
         att.setdefault(k, copy.deepcopy(v))
@@ -139,10 +143,18 @@ def mita_landmarks(q_tokens, grid, landmarks, num_heads):
     return L, (gh, gw)
 
 
-def attention_mita(q, k, v, L, topk, shared_scale, record=None):
-    """Spec 2.2-2.5 for all heads at once.
+def report_order(t, ncls, dim):
+    """Sequence order (class token first) -> the order records report (spec 2.7:
+    grid tokens 0..N-1, then the class token)."""
+    return torch.cat([t.narrow(dim, ncls, t.shape[dim] - ncls), t.narrow(dim, 0, ncls)], dim)
 
-    q, k, v (B, h, N, d); L (B, h, M, d) landmarks. topk clamped to N.
+
+def attention_mita(q, k, v, L, topk, shared_scale, record=None, ncls=0):
+    """Spec 2.2-2.5 (and 2.7) for all heads at once.
+
+    q, k, v (B, h, N, d), the first ncls tokens the class token (a key and
+    query like any other; ties go to the lower sequence index, so it wins
+    them); L (B, h, M, d) landmarks of the grid tokens. topk clamped to N.
     shared_scale "d": shared logit q.l * s * s (= q.l/d); "sqrt_d": q.l * s.
     record: optional dict, filled with probe/routing/topk_idx/route.
 
@@ -183,10 +195,11 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None):
     out = p_sh @ Sv + dense @ v
 
     if record is not None:
-        record["probe"] = P
-        record["routing"] = R
-        record["topk_idx"] = idx
-        record["route"] = e
+        # positions and queries renumbered: class token last (spec 2.7)
+        record["probe"] = report_order(P, ncls, -1)
+        record["routing"] = report_order(R, ncls, -2)
+        record["topk_idx"] = (idx - ncls) % N if ncls else idx
+        record["route"] = report_order(e, ncls, -1)
     return out
 
 
@@ -213,7 +226,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)   # rows: q, k, v; heads contiguous
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x, grid, att, record=None):
+    def forward(self, x, grid, att, record=None, ncls=0):
         B, N, C = x.shape
         h = self.num_heads
         d = C // h
@@ -224,8 +237,9 @@ class Attention(nn.Module):
         if att["type"] == "full":
             o = attention_full(q, k, v)
         elif att["type"] == "mita":
-            L, (gh, gw) = mita_landmarks(q_tok, grid, att["landmarks"], h)
-            o = attention_mita(q, k, v, L, att["topk"], att["shared_scale"], record)
+            # spec 2.7: the landmarks pool the grid tokens only
+            L, (gh, gw) = mita_landmarks(q_tok[:, ncls:], grid, att["landmarks"], h)
+            o = attention_mita(q, k, v, L, att["topk"], att["shared_scale"], record, ncls)
             if record is not None:
                 record["grid"] = (gh, gw, min(att["topk"], N))
         else:
@@ -254,8 +268,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def forward(self, x, grid, att, record=None):
-        x = x + self.attn(self.norm1(x), grid, att, record)
+    def forward(self, x, grid, att, record=None, ncls=0):
+        x = x + self.attn(self.norm1(x), grid, att, record, ncls)
         return x + self.mlp(self.norm2(x))
 
 
@@ -293,14 +307,19 @@ class ConvStem(nn.Module):
         return self.proj(x)
 
 
-def resize_pos_embed(pos, src_grid, dst_grid):
-    """(1, Hs*Ws, C) -> (1, Hd*Wd, C), bicubic, align_corners=False."""
+def resize_pos_embed(pos, src_grid, dst_grid, ncls=0, antialias=False):
+    """(1, ncls + Hs*Ws, C) -> (1, ncls + Hd*Wd, C), bicubic, align_corners=False.
+
+    The first ncls rows (the class token's) are kept as they are (spec 1).
+    antialias=True is timm's resampling (tools/README.md), for --init-backbone."""
     if tuple(src_grid) == tuple(dst_grid):
         return pos
     C = pos.shape[-1]
-    m = pos.reshape(1, src_grid[0], src_grid[1], C).permute(0, 3, 1, 2)
-    m = F.interpolate(m, size=tuple(dst_grid), mode="bicubic", align_corners=False)
-    return m.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], C)
+    m = pos[:, ncls:].reshape(1, src_grid[0], src_grid[1], C).permute(0, 3, 1, 2)
+    kw = {"antialias": True} if antialias else {}
+    m = F.interpolate(m, size=tuple(dst_grid), mode="bicubic", align_corners=False, **kw)
+    m = m.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], C)
+    return torch.cat([pos[:, :ncls], m], 1)
 
 
 class Backbone(nn.Module):
@@ -315,7 +334,10 @@ class Backbone(nn.Module):
         else:
             raise ValueError("backbone.stem.type must be 'patch' or 'conv'")
         gh, gw = bb["pos_grid"]
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, C))
+        self.ncls = 1 if bb.get("cls_token") else 0
+        if self.ncls:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, C))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.ncls + gh * gw, C))
         self.blocks = nn.ModuleList(
             [Block(C, bb["num_heads"], bb["mlp_ratio"], bb["ln_eps"]) for _ in range(bb["depth"])])
         if bb["final_norm"]:
@@ -326,8 +348,12 @@ class Backbone(nn.Module):
         bb = self.cfg
         x = self.patch_embed(x) if bb["stem"]["type"] == "patch" else self.stem(x)
         B, C, Hp, Wp = x.shape
-        pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp))
-        x = x.flatten(2).transpose(1, 2) + pos                       # (B, N, C)
+        nc = self.ncls
+        pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp), nc)
+        x = x.flatten(2).transpose(1, 2)                             # (B, N, C)
+        if nc:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], 1)  # (B, 1 + N, C)
+        x = x + pos
         if stages is not None:
             stages["pos_embed"] = pos
             stages["embed"] = x
@@ -335,7 +361,7 @@ class Backbone(nn.Module):
         out_idx = list(bb["out_indices"])
         for i, blk in enumerate(self.blocks):
             rec = {} if (stages is not None and att["type"] == "mita") else None
-            x = blk(x, (Hp, Wp), att, rec)
+            x = blk(x, (Hp, Wp), att, rec, nc)
             if stages is not None:
                 stages["blocks.%d" % i] = x
                 if rec is not None:
@@ -345,7 +371,7 @@ class Backbone(nn.Module):
                 t = x
                 if bb["final_norm"] and len(taps) == len(out_idx) - 1:
                     t = self.norm(t)   # final LayerNorm on the last tap only
-                taps.append(t.transpose(1, 2).reshape(B, C, Hp, Wp))
+                taps.append(t[:, nc:].transpose(1, 2).reshape(B, C, Hp, Wp))   # taps drop it
             if len(taps) == len(out_idx):
                 break   # blocks past the last tap do not affect the output
         if stages is not None:
