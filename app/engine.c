@@ -13,6 +13,7 @@
 
 #include "../backbone/vit.h"
 #include "../decoder/decoder.h"
+#include "../kernels/elementwise.h" /* slide_windows, slide_start */
 #include "../kernels/pool.h"
 #include "model_file.h"
 #ifdef MS_HAVE_CUDA
@@ -429,6 +430,11 @@ typedef struct {
     int batch;              /* images in the pass, all h x w */
     int h, w, rh, rw, ph, pw, hp, wp, n;
     int ncls, seq;          /* class tokens (0 or 1); seq = ncls + n tokens */
+    /* Sliding windows on the working-size image (mmseg slide_inference):
+     * ny x nx windows of wh x ww at strides sh, sw; ph..n above are one
+     * window's network input. Without: one window, the whole image. */
+    bool slide;
+    int wh, ww, sh, sw, ny, nx, nwin;
     ms_attn_type attention;
     ms_mita_params mita;
     bool record;
@@ -447,15 +453,27 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
         if (g->rh < 1) g->rh = 1;
         if (g->rw < 1) g->rw = 1;
     }
+    /* Records (viewer, --dump) need one token grid: those runs take the
+     * whole image even when the model has a sliding window. */
+    g->slide = c->slide_crop[0] > 0 && !opt->record;
+    g->wh = g->rh, g->ww = g->rw, g->sh = g->sw = 1;
+    if (g->slide) {
+        g->wh = c->slide_crop[0] < g->rh ? c->slide_crop[0] : g->rh;
+        g->ww = c->slide_crop[1] < g->rw ? c->slide_crop[1] : g->rw;
+        g->sh = c->slide_stride[0], g->sw = c->slide_stride[1];
+    }
+    g->ny = slide_windows(g->rh, g->wh, g->sh), g->nx = slide_windows(g->rw, g->ww, g->sw);
+    g->nwin = g->ny * g->nx;
     int m = c->pad_multiple > 0 ? c->pad_multiple : 1, p = c->patch_size;
-    g->ph = (g->rh + m - 1) / m * m;
-    g->pw = (g->rw + m - 1) / m * m;
+    g->ph = (g->wh + m - 1) / m * m;
+    g->pw = (g->ww + m - 1) / m * m;
     g->ph = (g->ph + p - 1) / p * p; /* the grid needs whole patches */
     g->pw = (g->pw + p - 1) / p * p;
     g->hp = g->ph / p, g->wp = g->pw / p, g->n = g->hp * g->wp;
     g->ncls = c->cls_token ? 1 : 0, g->seq = g->ncls + g->n;
-    if ((int64_t)g->ph * g->pw > ((int64_t)1 << 28))
-        return ms_error(MS_ERR_ARG, "network input %dx%d is too large", g->pw, g->ph);
+    if ((int64_t)g->ph * g->pw * g->nwin > ((int64_t)1 << 28))
+        return ms_error(MS_ERR_ARG, "network input %dx%d%s is too large", g->pw, g->ph,
+                        g->nwin > 1 ? " in sliding windows" : "");
     g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
     int gh = opt->gh > 0 ? opt->gh : c->attn.gh, gw = opt->gw > 0 ? opt->gw : c->attn.gw;
     int k = opt->topk > 0 ? opt->topk : c->attn.topk;
@@ -477,8 +495,27 @@ typedef struct {
     float *shared_mass;   /* (B, depth, heads, seq) or NULL */
 } run_buffers;
 
+/* Head logits (K, h0, w0) of a (ph, pw) network input -> (K, th, tw), the
+ * unpadded size: resized to the input and the padding cropped (spec 3.6),
+ * or, as mmseg does, resized straight to the unpadded size. */
+static ms_status logits_unpad(ms_backend *be, ms_arena *act, float *out /* (K, th, tw) */,
+                              const float *net /* (K, h0, w0) */, const ms_config *c, int h0,
+                              int w0, int ph, int pw, int th, int tw)
+{
+    int K = c->n_classes;
+    if (c->padded_logits_resize) return op_resize_bilinear(be, out, net, K, h0, w0, th, tw, 0, 0);
+    size_t mark = arena_mark(act);
+    float *full = arena_alloc(act, (size_t)K * ph * pw * sizeof(float)); /* (K, ph, pw) */
+    if (!full) return MS_ERR_OOM;
+    MS_TRY(op_resize_bilinear(be, full, net, K, h0, w0, ph, pw, 0, 0));
+    MS_TRY(op_crop(be, out, full, K, ph, pw, th, tw));
+    arena_reset(act, mark);
+    return MS_OK;
+}
+
 /* The whole forward pass of a batch on the plan's arena; in a dry run only
- * sizes. The backbone runs once over the batch; the rest image by image. */
+ * sizes. The backbone runs once over the batch (every image's windows); the
+ * rest image by image. */
 static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometry *g,
                                 run_buffers *rb, const ms_trace *tr)
 {
@@ -486,8 +523,9 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
     ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
     const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes, B = g->batch;
-    const int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
+    const int M = g->mita.gh * g->mita.gw, k = g->mita.topk, NW = g->nwin;
     const size_t px = (size_t)g->h * g->w, in_px = (size_t)g->ph * g->pw;
+    const size_t rpx = (size_t)g->rh * g->rw;
 #define ALLOC(ptr, bytes)                                          \
     do {                                                           \
         (ptr) = arena_alloc(act, (bytes));                         \
@@ -504,10 +542,10 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
         ALLOC(rb->shared_mass, layers * g->seq * sizeof(float));
     }
     /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
-     * normalised, padded into (B, 3, ph, pw). */
-    float *raw, *resized = NULL;
+     * and per window cut out, normalised, padded into (B*NW, 3, ph, pw). */
+    float *raw, *resized = NULL, *win = NULL;
     ALLOC(raw, (size_t)B * 3 * px * sizeof(float));
-    ALLOC(rb->input, (size_t)B * 3 * in_px * sizeof(float));
+    ALLOC(rb->input, (size_t)B * NW * 3 * in_px * sizeof(float));
     if (!be->dry_run) {
 #ifdef MS_HAVE_CUDA
         if (be->device == MS_DEVICE_CUDA)
@@ -517,48 +555,77 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
             memcpy(raw, pl->host_in, (size_t)B * 3 * px * sizeof(float));
     }
     bool resized_in = g->rh != g->h || g->rw != g->w;
-    if (resized_in) ALLOC(resized, (size_t)3 * g->rh * g->rw * sizeof(float)); /* one image */
+    if (resized_in) ALLOC(resized, 3 * rpx * sizeof(float)); /* one image */
+    if (g->slide) ALLOC(win, (size_t)3 * g->wh * g->ww * sizeof(float));
     const int64_t in_shape[3] = {3, g->ph, g->pw};
     for (int b = 0; b < B; b++) {
         const float *raw_b = raw + b * 3 * px; /* (3, h, w) */
-        float *input_b = rb->input + b * 3 * in_px; /* (3, ph, pw) */
         if (resized_in)
             MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->h, g->w, g->rh, g->rw, 0, 0));
-        MS_TRY(op_normalize_pad(be, input_b, resized_in ? resized : raw_b, g->rh, g->rw, g->ph,
-                                g->pw, c->mean, c->stdv));
-        MS_TRY(trace_emit(be, tr, "input", input_b, 3, in_shape));
+        const float *src = resized_in ? resized : raw_b; /* (3, rh, rw) */
+        for (int wi = 0; wi < NW; wi++) {
+            float *input_b = rb->input + ((size_t)b * NW + wi) * 3 * in_px; /* (3, ph, pw) */
+            const float *wsrc = src;
+            if (g->slide) { /* the window: a strided view of src, copied out */
+                int y0 = slide_start(wi / g->nx, g->rh, g->wh, g->sh);
+                int x0 = slide_start(wi % g->nx, g->rw, g->ww, g->sw);
+                MS_TRY(op_crop(be, win, src + (size_t)y0 * g->rw + x0, 3, g->rh, g->rw, g->wh,
+                               g->ww));
+                wsrc = win;
+            }
+            MS_TRY(op_normalize_pad(be, input_b, wsrc, g->wh, g->ww, g->ph, g->pw, c->mean,
+                                    c->stdv));
+            MS_TRY(trace_emit(be, tr, "input", input_b, 3, in_shape));
+        }
     }
     const int64_t pos_shape[2] = {g->seq, C};
     MS_TRY(trace_emit(be, tr, "pos_embed", pl->pos, 2, pos_shape));
 
-    float *taps[4]; /* each (B, C, hp, wp) */
-    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)B * C * g->n * sizeof(float));
+    float *taps[4]; /* each (B*NW, C, hp, wp) */
+    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)B * NW * C * g->n * sizeof(float));
     vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
                    .route = rb->route, .shared_mass = rb->shared_mass};
-    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B, g->ph, g->pw,
+    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph, g->pw,
                        tr));
 
-    /* Neck, head and postprocessing per image, each on the same scratch. */
+    /* Neck, head and postprocessing per image (and window), each on the same
+     * scratch. */
     int h0, w0;
     neck_level_size(&h0, &w0, c, 0, g->hp, g->wp);
     const int64_t lg_shape[3] = {K, g->h, g->w};
     for (int b = 0; b < B; b++) {
         size_t mark = arena_mark(act);
-        float *taps_b[4], *levels[4], *net_logits, *full, *crop;
-        for (int j = 0; j < 4; j++) taps_b[j] = taps[j] + (size_t)b * C * g->n; /* (C, hp, wp) */
         float *logits_b = rb->logits + b * K * px; /* (K, h, w) */
-        MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
+        /* logits at the working size, unpadded (the image's when not resized) */
+        float *work = logits_b; /* (K, rh, rw) */
+        if (resized_in) ALLOC(work, (size_t)K * rpx * sizeof(float));
+        float *net_logits, *wl = NULL;
         ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
-        MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
-
-        /* spec 3.6: to the network input size, crop the padding, to the image. */
-        ALLOC(full, (size_t)K * in_px * sizeof(float));
-        MS_TRY(op_resize_bilinear(be, full, net_logits, K, h0, w0, g->ph, g->pw, 0, 0));
-        crop = resized_in ? NULL : logits_b;
-        if (resized_in) ALLOC(crop, (size_t)K * g->rh * g->rw * sizeof(float));
-        MS_TRY(op_crop(be, crop, full, K, g->ph, g->pw, g->rh, g->rw));
+        if (g->slide) ALLOC(wl, (size_t)K * g->wh * g->ww * sizeof(float)); /* one window */
+        for (int wi = 0; wi < NW; wi++) {
+            size_t wmark = arena_mark(act);
+            float *taps_b[4], *levels[4];
+            for (int j = 0; j < 4; j++) /* (C, hp, wp) */
+                taps_b[j] = taps[j] + ((size_t)b * NW + wi) * C * g->n;
+            MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
+            MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
+            if (!g->slide) {
+                MS_TRY(logits_unpad(be, act, work, net_logits, c, h0, w0, g->ph, g->pw, g->rh,
+                                    g->rw));
+            } else { /* summed where windows overlap, then averaged by count */
+                int y0 = slide_start(wi / g->nx, g->rh, g->wh, g->sh);
+                int x0 = slide_start(wi % g->nx, g->rw, g->ww, g->sw);
+                MS_TRY(logits_unpad(be, act, wl, net_logits, c, h0, w0, g->ph, g->pw, g->wh,
+                                    g->ww));
+                MS_TRY(op_window_add(be, work, wl, K, g->rh, g->rw, g->wh, g->ww, y0, x0,
+                                     wi == 0));
+            }
+            arena_reset(act, wmark);
+        }
+        if (g->slide)
+            MS_TRY(op_window_average(be, work, K, g->rh, g->rw, g->wh, g->ww, g->sh, g->sw));
         if (resized_in)
-            MS_TRY(op_resize_bilinear(be, logits_b, crop, K, g->rh, g->rw, g->h, g->w, 0, 0));
+            MS_TRY(op_resize_bilinear(be, logits_b, work, K, g->rh, g->rw, g->h, g->w, 0, 0));
         MS_TRY(trace_emit(be, tr, "logits", logits_b, 3, lg_shape));
         MS_TRY(op_argmax(be, rb->mask + b * px, logits_b, K, g->h, g->w));
         arena_reset(act, mark);

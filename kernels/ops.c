@@ -345,6 +345,33 @@ ms_status op_crop(ms_backend *be, float *out, const float *in, int c, int h, int
     ON_CUDA(crop_cuda(be, out, in, c, h, w, ho, wo));
 }
 
+ms_status op_window_add(ms_backend *be, float *acc, const float *win, int c, int h, int w, int wh,
+                        int ww, int y0, int x0, bool first)
+{
+    if (c <= 0 || wh <= 0 || ww <= 0 || y0 < 0 || x0 < 0 || y0 + wh > h || x0 + ww > w)
+        return BAD_SIZES(__func__, "c=%d window %dx%d at (%d, %d) in %dx%d", c, wh, ww, y0, x0, h, w);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        window_add_cpu(acc, win, c, h, w, wh, ww, y0, x0, first);
+        return MS_OK;
+    }
+    ON_CUDA(window_add_cuda(be, acc, win, c, h, w, wh, ww, y0, x0, first));
+}
+
+ms_status op_window_average(ms_backend *be, float *acc, int c, int h, int w, int wh, int ww,
+                            int sh, int sw)
+{
+    if (c <= 0 || h <= 0 || w <= 0 || wh <= 0 || ww <= 0 || sh <= 0 || sw <= 0)
+        return BAD_SIZES(__func__, "c=%d %dx%d windows %dx%d strides %d, %d", c, h, w, wh, ww,
+                         sh, sw);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        window_average_cpu(acc, c, h, w, wh, ww, sh, sw);
+        return MS_OK;
+    }
+    ON_CUDA(window_average_cuda(be, acc, c, h, w, wh, ww, sh, sw));
+}
+
 ms_status op_argmax(ms_backend *be, uint8_t *out, const float *in, int c, int h, int w)
 {
     if (c <= 0 || c > 256 || h <= 0 || w <= 0)

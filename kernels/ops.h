@@ -110,6 +110,13 @@ ms_status op_crop(ms_backend *be, float *out /* (c, ho, wo) */, const float *in 
                   int c, int h, int w, int ho, int wo);
 
 /* Per pixel, the class with the largest logit (ties: lowest class). */
+/* Sliding-window logits (mmseg slide_inference): acc (c, h, w) += win
+ * (c, wh, ww) at (y0, x0); the first window (first = true) also clears acc. */
+ms_status op_window_add(ms_backend *be, float *acc /* (c, h, w) */, const float *win /* (c, wh, ww) */,
+                        int c, int h, int w, int wh, int ww, int y0, int x0, bool first);
+/* acc /= the number of windows (wh x ww, strides sh, sw) covering each pixel. */
+ms_status op_window_average(ms_backend *be, float *acc /* (c, h, w) */, int c, int h, int w,
+                            int wh, int ww, int sh, int sw);
 ms_status op_argmax(ms_backend *be, uint8_t *out /* (h, w) */, const float *in /* (c, h, w) */,
                     int c, int h, int w);
 

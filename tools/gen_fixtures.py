@@ -108,6 +108,18 @@ CASES = [
         backbone__cls_token=True, backbone__pos_grid=[6, 7],
         backbone__attention={"type": "full", "landmarks": [3, 3], "topk": 8, "shared_scale": "d"}),
      (48, 56), "F32", "class token, full attention, grid 6x7"),
+    ("mmseg_pad", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[6, 8], input__short_side=40,
+        input__pad_multiple=16, input__padded_logits="resize"), (59, 77), "F32",
+     "mmseg test-time padding: 59x77 -> 40x52, padded to 48x64, head logits resized straight "
+     "to 40x52 (no crop), then to 59x77; class token, MiTA 3x3 k8"),
+    ("slide", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[4, 4],
+        backbone__attention={"type": "full", "landmarks": [3, 3], "topk": 8, "shared_scale": "d"},
+        input__short_side=40, input__pad_multiple=16, input__padded_logits="resize",
+        input__slide={"crop": [24, 28], "stride": [16, 12]}), (59, 77), "F32",
+     "mmseg slide_inference: 59x77 -> 40x52, 2x3 windows of 24x28 (strides 16, 12), each "
+     "padded to 32x32, logits resized to the window, summed, divided by the count; full attention"),
 ]
 
 
@@ -266,7 +278,37 @@ def gaps(stages, depth, N):
 
 # ------------------------------------------------------------------ cases
 
+def run_slide_case(name, cfg, size, wdtype, desc, out_dir, seed0):
+    """Sliding windows: only the image, the final logits and the mask are
+    golden (the engine traces every window under the same stage names)."""
+    img = make_image(size[0], size[1], seed0 + 7)
+    model_path = os.path.join(out_dir, name + ".model.safetensors")
+    model = R.MitaSeg(cfg).double().eval()
+    randomise(model, seed0)
+    R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
+                 "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed0, desc))
+    model = R.load_model(model_path, dtype=torch.float64)
+    stages = {}
+    with torch.no_grad():
+        R.segment(model, img, stages=stages)
+        # the windows really overlap and are averaged: differs from one whole run
+        _, whole = R.segment(model, img, whole=True)
+    assert (whole - stages["logits"][0]).abs().max().item() > 1e-3
+    logits = stages["logits"][0]
+    top2 = torch.topk(logits, 2, dim=0).values
+    mask_gap = (top2[0] - top2[1]).min().item()
+    g = {"image": torch.as_tensor(img), "logits": logits.to(torch.float32).contiguous(),
+         "mask": stages["mask"][0].to(torch.uint8)}
+    meta = {"case": name, "description": desc, "model": name + ".model.safetensors",
+            "weights": wdtype, "seed": str(seed0), "attention": "full", "slide": "yes",
+            "mask_gap": "%.6g" % mask_gap}
+    safetensors_io.save(os.path.join(out_dir, name + ".golden.safetensors"), g, meta)
+    print("  %-16s seed %d sliding windows, mask gap %.6g" % (name, seed0, mask_gap))
+
+
 def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
+    if cfg["input"].get("slide"):
+        return run_slide_case(name, cfg, size, wdtype, desc, out_dir, seed0)
     img = make_image(size[0], size[1], seed0 + 7)
     model_path = os.path.join(out_dir, name + ".model.safetensors")
     best = None
@@ -317,6 +359,12 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
         assert np.array_equal(np.asarray(tensors[k], dtype=np.float64), v.numpy()), k
 
     logits = stages["logits"][0]
+    if model.cfg["input"].get("padded_logits") == "resize":
+        # mmseg's padding behaviour really differs from the crop
+        H, W = img.shape[:2]
+        crop, _ = R.postprocess(stages["head.logits"], stages["input"].shape[-2:],
+                                R.working_size(H, W, model.cfg), (H, W), "crop")
+        assert (crop[0] - logits).abs().max().item() > 1e-2
     top2 = torch.topk(logits, 2, dim=0).values if logits.shape[0] > 1 else None
     mask_gap = (top2[0] - top2[1]).min().item() if top2 is not None else math.inf
 

@@ -27,6 +27,8 @@ Stage names recorded by MitaSeg.forward(x, stages=dict) (batch dim first):
   (the effective landmarks and top-k). Recorded positions are numbered as
   mita-spec 2.7 reports them: grid tokens 0..N-1, the class token N (last).
 segment() adds: image, input, logits (B,classes,H,W), mask (B,H,W).
+Config keys this file reads beyond complete_config's: backbone.cls_token,
+input.padded_logits ("crop" | "resize"), input.slide ({crop, stride}).
 """
 
 import copy
@@ -524,45 +526,104 @@ def working_size(H, W, cfg):
     return int(math.floor(H * scale + 0.5)), int(math.floor(W * scale + 0.5))
 
 
+def normalise(img, cfg, dtype=torch.float32):
+    """img uint8 (H, W, 3) RGB (numpy or tensor) -> (1, 3, rh, rw): resized
+    (bilinear, align_corners=False, no antialias, on the float image) so the
+    short side is input.short_side, then normalised. Not padded."""
+    cfg = complete_config(cfg)
+    t = torch.as_tensor(np.asarray(img)).to(dtype).permute(2, 0, 1).unsqueeze(0)  # (1,3,H,W)
+    H, W = t.shape[-2:]
+    t = resize(t, working_size(H, W, cfg))
+    mean = torch.tensor(cfg["input"]["mean"], dtype=dtype).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["input"]["std"], dtype=dtype).view(1, 3, 1, 1)
+    return (t - mean) / std
+
+
+def pad_input(t, cfg):
+    """Zero-pads (B, 3, h, w) right/bottom to a multiple of input.pad_multiple."""
+    pm = complete_config(cfg)["input"]["pad_multiple"] or 1
+    h, w = t.shape[-2:]
+    return F.pad(t, (0, -(-w // pm) * pm - w, 0, -(-h // pm) * pm - h))
+
+
 def preprocess(img, cfg, dtype=torch.float32):
     """img uint8 (H, W, 3) RGB (numpy or tensor) -> (input (1,3,ph,pw), (rh, rw)).
 
     Resize (bilinear, align_corners=False, no antialias) the float image so the
     short side is input.short_side; normalise; zero-pad right/bottom to a
     multiple of pad_multiple."""
-    cfg = complete_config(cfg)
-    t = torch.as_tensor(np.asarray(img)).to(dtype).permute(2, 0, 1).unsqueeze(0)  # (1,3,H,W)
-    H, W = t.shape[-2:]
-    rh, rw = working_size(H, W, cfg)
-    t = resize(t, (rh, rw))
-    mean = torch.tensor(cfg["input"]["mean"], dtype=dtype).view(1, 3, 1, 1)
-    std = torch.tensor(cfg["input"]["std"], dtype=dtype).view(1, 3, 1, 1)
-    t = (t - mean) / std
-    pm = cfg["input"]["pad_multiple"] or 1
-    ph, pw = -(-rh // pm) * pm, -(-rw // pm) * pm
-    t = F.pad(t, (0, pw - rw, 0, ph - rh))
-    return t, (rh, rw)
+    t = normalise(img, cfg, dtype)
+    return pad_input(t, cfg), tuple(t.shape[-2:])
 
 
-def postprocess(head_logits, padded_size, resized_size, image_size):
+def unpad_logits(head_logits, padded_size, size, padded_logits="crop"):
+    """Level-0 logits of a padded input -> logits at the unpadded size.
+    "crop" (spec 3.6): resize to the padded input, crop the padding.
+    "resize" (mmseg, input.padded_logits): resize straight to the unpadded
+    size, the padding's share squeezed in (mmseg's decode_head.predict_by_feat
+    resizes to img_shape)."""
+    if padded_logits == "resize":
+        return resize(head_logits, size)
+    if padded_logits != "crop":
+        raise ValueError("input.padded_logits must be 'crop' or 'resize'")
+    return resize(head_logits, padded_size)[..., :size[0], :size[1]]
+
+
+def postprocess(head_logits, padded_size, resized_size, image_size, padded_logits="crop"):
     """Level-0 logits -> (logits at image size (B,K,H,W), mask (B,H,W) uint8)."""
-    x = resize(head_logits, padded_size)
-    x = x[..., :resized_size[0], :resized_size[1]]
+    x = unpad_logits(head_logits, padded_size, resized_size, padded_logits)
     x = resize(x, image_size)
     mask = first_argmax(x, dim=1).to(torch.uint8)
     return x, mask
 
 
-def segment(model, img, attn=None, stages=None):
-    """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W))."""
+def slide_logits(model, x, slide, attn=None):
+    """mmseg's EncoderDecoder.slide_inference on the normalised, unpadded
+    working-size image x (1, 3, H, W): windows crop at stride (the last flush
+    with the end), each padded and run like a whole image, its logits brought
+    to the window's size; summed, then divided by how many windows cover each
+    pixel. -> (1, K, H, W)."""
+    (hc, wc), (hs, ws) = slide["crop"], slide["stride"]
+    _, _, H, W = x.shape
+    hg = max(H - hc + hs - 1, 0) // hs + 1
+    wg = max(W - wc + ws - 1, 0) // ws + 1
+    K = len(model.cfg["classes"])
+    preds = x.new_zeros((1, K, H, W))
+    count = x.new_zeros((1, 1, H, W))
+    for hi in range(hg):
+        for wi in range(wg):
+            y1, x1 = hi * hs, wi * ws
+            y2, x2 = min(y1 + hc, H), min(x1 + wc, W)
+            y1, x1 = max(y2 - hc, 0), max(x2 - wc, 0)
+            crop = pad_input(x[:, :, y1:y2, x1:x2], model.cfg)
+            head = model(crop, attn=attn)
+            win = unpad_logits(head, crop.shape[-2:], (y2 - y1, x2 - x1),
+                               model.cfg["input"].get("padded_logits", "crop"))
+            preds += F.pad(win, (x1, W - x2, y1, H - y2))
+            count[:, :, y1:y2, x1:x2] += 1
+    return preds / count
+
+
+def segment(model, img, attn=None, stages=None, whole=False):
+    """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W)).
+    A model with input.slide runs sliding windows (unless whole=True; stages
+    then holds only image, logits and mask)."""
     dtype = next(model.parameters()).dtype
-    x, rsize = preprocess(img, model.cfg, dtype)
     H, W = np.asarray(img).shape[:2]
-    head = model(x, attn=attn, stages=stages)
-    logits, mask = postprocess(head, x.shape[-2:], rsize, (H, W))
+    slide = model.cfg["input"].get("slide")
+    if slide and not whole:
+        x = normalise(img, model.cfg, dtype)
+        logits = resize(slide_logits(model, x, slide, attn), (H, W))
+        mask = first_argmax(logits, dim=1).to(torch.uint8)
+    else:
+        x, rsize = preprocess(img, model.cfg, dtype)
+        head = model(x, attn=attn, stages=stages)
+        logits, mask = postprocess(head, x.shape[-2:], rsize, (H, W),
+                                   model.cfg["input"].get("padded_logits", "crop"))
     if stages is not None:
         stages["image"] = torch.as_tensor(np.asarray(img))
-        stages["input"] = x
+        if not slide or whole:
+            stages["input"] = x
         stages["logits"] = logits
         stages["mask"] = mask
     return mask[0], logits[0]
