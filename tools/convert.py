@@ -449,10 +449,12 @@ def _mm_file_key(k):
     return inv.get(k, k)
 
 
-# ADE20K's mmseg test set-up (configs/_base_/datasets/ade20k.py and the
-# UperNet-ViT configs): Resize(scale=(2048, 512), keep_ratio=True) and
-# test_cfg=dict(mode='slide', crop_size=(512, 512), stride=(341, 341)).
-ADE20K_TEST = {"short_side": 512, "slide": {"crop": [512, 512], "stride": [341, 341]}}
+# ADE20K's mmseg test set-up for ViT-UperNet (mmseg 1.2.2's
+# configs/_base_/datasets/ade20k.py: Resize(scale=(2048, 512), keep_ratio=True);
+# _base_/models/upernet_vit-b16_ln_mln.py: test_cfg=dict(mode='whole')). Other
+# ADE20K configs (SETR, ConvNeXt, Swin) slide 512 at stride 341: a checkpoint
+# that carries such a config gets its window from there, or pass --slide.
+ADE20K_TEST = {"short_side": 512, "slide": None}
 
 
 def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text=""):
@@ -567,8 +569,8 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
         slide = facts["slide"]
     if ade and short_side is None and slide is None and not facts:
         short_side, slide = ADE20K_TEST["short_side"], ADE20K_TEST["slide"]
-        note("%s: an ADE20K head: mmseg's ADE20K test set-up (short side 512, sliding "
-             "window 512 stride 341) written as the model's default" % path)
+        note("%s: an ADE20K head: mmseg's ADE20K ViT-UperNet test set-up (short side 512, "
+             "whole image) written as the model's default" % path)
     if slide == "none":
         slide = None
     if facts.get("size_divisor"):
@@ -694,7 +696,7 @@ def main(argv=None):
                         "crop: crop the padding first (mitaseg's own models)")
     m.add_argument("--slide", default=None,
                    help="sliding-window test: CROP,STRIDE (e.g. 512,341) or none "
-                        "(default: the checkpoint's config; ADE20K heads: 512,341)")
+                        "(default: the checkpoint's config, else none)")
     m.add_argument("--attention", choices=["mita", "full"], default="mita")
     m.add_argument("--landmarks", default="7x7")
     m.add_argument("--topk", type=int, default=49)

@@ -514,7 +514,12 @@ class TestMmseg(Tmp):
         self.assertEqual(rc, 0, err)
         self.assertIn("ADE20K", err)
         inp = R.load_model(dst).cfg["input"]
-        self.assertEqual((inp["short_side"], inp["slide"]), (512, {"crop": [512, 512], "stride": [341, 341]}))
+        # mmseg's ViT-UperNet ADE20K configs test the whole image (mode='whole')
+        self.assertEqual((inp["short_side"], inp.get("slide")), (512, None))
+        rc, _, err = self.run_cli("mmseg", src, dst, "--num-heads", HEADS, "--slide", "512,341")
+        self.assertEqual(rc, 0, err)
+        inp = R.load_model(dst).cfg["input"]
+        self.assertEqual(inp["slide"], {"crop": [512, 512], "stride": [341, 341]})
 
     def test_head_count_notes(self):
         """Without metadata the head count cannot be checked: a note names the
