@@ -158,31 +158,55 @@ def _cfg_text(obj):
     return ""
 
 
+def _dict_bodies(text, key=None):
+    """The texts inside every `key=dict(...)` (every `dict(...)` for key None;
+    balanced parentheses)."""
+    out = []
+    pat = r"\bdict\(" if key is None else r"\b%s\s*=\s*dict\(" % re.escape(key)
+    for m in re.finditer(pat, text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        out.append(text[m.end():i - 1])
+    return out
+
+
+def _pair(text, key):
+    """key=(a, b) (any spacing, a trailing comma allowed) or key=a -> [a, b]."""
+    m = re.search(r"\b%s\s*=\s*(?:\(\s*(\d+)\s*,\s*(\d+)\s*,?\s*\)|(\d+))" % key, text)
+    if not m:
+        return None
+    return [int(m.group(1)), int(m.group(2))] if m.group(1) else [int(m.group(3))] * 2
+
+
 def mmseg_cfg_facts(text):
-    """What the converter needs from an mmseg config text (its pretty_text):
-    backbone num_heads / with_cls_token / patch_bias, test_cfg slide crop and
-    stride, the test Resize scale and a data_preprocessor size_divisor."""
+    """What the converter needs from an mmseg config text (its pretty_text,
+    0.x or 1.x): the backbone's num_heads, with_cls_token and img_size (the
+    position grid), test_cfg's slide crop and stride, the test pipeline's
+    Resize scale and a size_divisor."""
     f = {}
-    bb = re.search(r"backbone\s*=\s*dict\((.*?)\bneck\s*=|backbone\s*=\s*dict\((.*?)decode_head\s*=",
-                   text, re.S)
-    bbt = (bb.group(1) or bb.group(2)) if bb else text
+    bbs = _dict_bodies(text, "backbone")
+    bbt = bbs[0] if bbs else ""
     m = re.search(r"\bnum_heads\s*=\s*(\d+)", bbt)
     if m:
         f["num_heads"] = int(m.group(1))
     m = re.search(r"\bwith_cls_token\s*=\s*(True|False)", bbt)
     if m:
         f["with_cls_token"] = m.group(1) == "True"
-    m = re.search(r"test_cfg\s*=\s*dict\(\s*mode\s*=\s*'slide'.*?crop_size\s*=\s*\((\d+),\s*(\d+)\)"
-                  r".*?stride\s*=\s*\((\d+),\s*(\d+)\)", text, re.S)
+    if _pair(bbt, "img_size"):
+        f["img_size"] = _pair(bbt, "img_size")
+    for tc in _dict_bodies(text, "test_cfg"):
+        if re.search(r"\bmode\s*=\s*'slide'", tc) and _pair(tc, "crop_size") and _pair(tc, "stride"):
+            f["slide"] = {"crop": _pair(tc, "crop_size"), "stride": _pair(tc, "stride")}
+    m = re.search(r"\btest_pipeline\s*=\s*\[", text)
     if m:
-        f["slide"] = {"crop": [int(m.group(1)), int(m.group(2))],
-                      "stride": [int(m.group(3)), int(m.group(4))]}
-    m = re.search(r"test_pipeline\s*=\s*\[(.*?)\]\s*\n", text, re.S)
-    if m:
-        r = re.search(r"type\s*=\s*'Resize'.*?(?:img_scale|scale)\s*=\s*\((\d+),\s*(\d+)\)"
-                      r".*?keep_ratio\s*=\s*True", m.group(1), re.S)
-        if r:
-            f["resize_scale"] = [int(r.group(1)), int(r.group(2))]
+        for d in _dict_bodies(text[m.end():])[:8]:
+            if re.search(r"type\s*=\s*'Resize'", d) and re.search(r"keep_ratio\s*=\s*True", d):
+                sc = _pair(d, "scale") or _pair(d, "img_scale")
+                if sc:
+                    f["resize_scale"] = sc
+                break
     m = re.search(r"\bsize_divisor\s*=\s*(\d+)", text)
     if m:
         f["size_divisor"] = int(m.group(1))
@@ -475,6 +499,11 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
     out = {}
     n_prefix = sum(1 for k in ("backbone.cls_token", "backbone.dist_token") if k in sd)
     grid = None
+    pos_grid = opts.get("pos_grid")
+    pw0 = sd.get("backbone.patch_embed.projection.weight")
+    if not pos_grid and "img_size" in facts and pw0 is not None and pw0.dim() == 4:
+        # the position grid mmseg trained at: img_size / patch (its _pos_embeding)
+        pos_grid = [facts["img_size"][0] // pw0.shape[2], facts["img_size"][1] // pw0.shape[3]]
     for k, v in sd.items():
         if k.endswith("num_batches_tracked") or k.startswith("auxiliary_head."):
             continue
@@ -485,7 +514,7 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
         if k == "backbone.dist_token":
             continue
         if k == "backbone.pos_embed":
-            out["backbone.pos_embed"], grid = _pos_embed_grid(path, k, v, n_prefix, opts.get("pos_grid"),
+            out["backbone.pos_embed"], grid = _pos_embed_grid(path, k, v, n_prefix, pos_grid,
                                                               keep_cls=cls)
             continue
         if k in _MM_TOP_MAP:
