@@ -230,6 +230,7 @@ class TestMmseg(unittest.TestCase):
             rel = ((a - b).abs().max() / b.abs().max().clamp(min=1)).item()
             if rel > worst:
                 worst, where = rel, k
+        self.assertGreaterEqual(len(names), 1 if slide else 20, name)   # every stage, really
         self.assertLess(worst, 1e-9, "%s: reference vs mmseg, stage %s" % (name, where))
         mask_same = (rst["mask"] == st["mask"]).double().mean().item()
         self.assertEqual(mask_same, 1.0, name)
@@ -245,8 +246,9 @@ class TestMmseg(unittest.TestCase):
         safetensors_io.save(prefix + ".golden.safetensors", g, meta)
         self.cases.append(prefix)
         eng = self.run_engine(prefix)
-        report("| %s | %s | %.1e (%s) | %s | %s |" % (
-            name, desc, worst, where, "bit-identical masks" if mask_same == 1 else mask_same, eng))
+        report("| %s | %s | %s | %s | %s |" % (
+            name, desc, "0 (bit-identical)" if worst == 0 else "%.1e (%s)" % (worst, where),
+            "identical" if mask_same == 1 else "%.4f" % mask_same, eng))
 
     def run_engine(self, prefix):
         if not os.path.exists(ENGINE_TEST):
@@ -254,14 +256,17 @@ class TestMmseg(unittest.TestCase):
         env = dict(os.environ, MS_GOLDEN_EXTRA=prefix, MS_GOLDEN_VERBOSE="1")
         p = subprocess.run([ENGINE_TEST], env=env, capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        worst, stage = 0.0, ""
+        worst, stage, lg = 0.0, "", None
         for line in p.stderr.splitlines():
             parts = line.split()
             if len(parts) >= 6 and parts[0] == prefix and parts[-2] == "rel":
                 rel = float(parts[-1])
+                if parts[1] == "logits":
+                    lg = rel
                 if rel > worst:
                     worst, stage = rel, parts[1]
-        return "%.1e (%s)" % (worst, stage)
+        self.assertIsNotNone(lg, "the engine's logits were not compared")
+        return "%.1e (%s); logits %.1e" % (worst, stage, lg)
 
     def run_case(self, name, desc, config, layout="1.x", backbone=None, test_cfg=None,
                  flags=(), padded_logits="resize"):
@@ -323,6 +328,9 @@ class TestTimm(unittest.TestCase):
     def timm_model(self, name, **kw):
         m = timm.create_model(name, pretrained=False, depth=4, **kw).double().eval()
         randomise(m, 99)
+        with torch.no_grad():   # the float32 values the checkpoint will hold
+            for p in m.parameters():
+                p.copy_(p.float().double())
         return m
 
     def convert(self, m, name):
@@ -357,8 +365,8 @@ class TestTimm(unittest.TestCase):
         tap = feats[:, 1:].transpose(1, 2).reshape(1, -1, 14, 14)
         worst = max(worst, ((st["taps.3"] - tap).abs().max() / tap.abs().max()).item())
         self.assertLess(worst, 1e-9)
-        report("| timm deit_small_patch16_224 | DeiT-S blocks + final norm, class token | %.1e | "
-               "- | - |" % worst)
+        report("| timm deit_small_patch16_224 | DeiT-S blocks + final norm, class token | %s | "
+               "- | - |" % ("0 (bit-identical)" if worst == 0 else "%.1e" % worst))
 
     def test_pos_embed_resampled_as_timm(self):
         """--init-backbone resamples as timm's resample_abs_pos_embed (antialias)."""
