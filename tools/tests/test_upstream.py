@@ -280,7 +280,31 @@ class TestMmseg(unittest.TestCase):
         img = make_image(7)
         st = self.mmseg_stages(model, img, cls_token, padded_logits)
         self.compare(name, desc, path, st, img, slide=bool(test_cfg and test_cfg.get("mode") == "slide"))
+        self.check_cli(name, path, img, st)
         return cfg
+
+    def check_cli(self, name, model_path, img, st):
+        """`mitaseg segment` on the converted file, no flags beyond the
+        model: the mask is mmseg's (up to near-ties of its logits)."""
+        exe = os.path.join(os.path.dirname(ENGINE_TEST), "mitaseg")
+        if not os.path.exists(exe):
+            return
+        from PIL import Image
+        d = os.path.join(self.tmp.name, name + "_cli")
+        os.makedirs(d, exist_ok=True)
+        Image.fromarray(img).save(os.path.join(d, "img.png"))
+        p = subprocess.run([exe, "segment", os.path.join(d, "img.png"), "-o", os.path.join(d, "out"),
+                            "--model", model_path, "--format", "label", "--device", "cpu"],
+                           capture_output=True, text=True, timeout=600)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = np.asarray(Image.open(os.path.join(d, "out", "img.png")))
+        want = st["mask"][0].numpy()
+        lg = st["logits"][0].numpy()
+        diff = np.argwhere(got != want)
+        for y, x in diff:   # only where mmseg's own top two logits nearly tie
+            self.assertLess(abs(lg[got[y, x], y, x] - lg[want[y, x], y, x]), 1e-4 * np.abs(lg).max(),
+                            "%s: CLI mask pixel (%d, %d)" % (name, y, x))
+        self.assertLessEqual(len(diff), got.size // 1000 + 1)
 
     def test_deit_s_mln(self):
         cfg = self.run_case("deit_s_mln", "DeiT-S + MLN, class token (1.x, patch_bias=False)",
