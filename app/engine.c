@@ -453,9 +453,12 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
         if (g->rh < 1) g->rh = 1;
         if (g->rw < 1) g->rw = 1;
     }
+    g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
+    g->record = opt->record && g->attention == MS_ATTN_MITA;
     /* Records (viewer, --dump) need one token grid: those runs take the
-     * whole image even when the model has a sliding window. */
-    g->slide = c->slide_crop[0] > 0 && !opt->record;
+     * whole image even when the model has a sliding window. (The plan cache
+     * keys on record, so this keeps plans apart.) */
+    g->slide = c->slide_crop[0] > 0 && !g->record;
     g->wh = g->rh, g->ww = g->rw, g->sh = g->sw = 1;
     if (g->slide) {
         g->wh = c->slide_crop[0] < g->rh ? c->slide_crop[0] : g->rh;
@@ -474,7 +477,6 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     if ((int64_t)g->ph * g->pw * g->nwin > ((int64_t)1 << 28))
         return ms_error(MS_ERR_ARG, "network input %dx%d%s is too large", g->pw, g->ph,
                         g->nwin > 1 ? " in sliding windows" : "");
-    g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
     int gh = opt->gh > 0 ? opt->gh : c->attn.gh, gw = opt->gw > 0 ? opt->gw : c->attn.gw;
     int k = opt->topk > 0 ? opt->topk : c->attn.topk;
     g->mita.gh = gh < g->hp ? gh : g->hp;   /* spec 2.1: clamp G to the grid */
@@ -482,7 +484,6 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     g->mita.topk = k < g->seq ? k : g->seq; /* spec 2.2: clamp k to the keys */
     g->mita.shared_scale_d = c->attn.shared_scale_d;
     g->mita.ncls = g->ncls;
-    g->record = opt->record && g->attention == MS_ATTN_MITA;
     return MS_OK;
 }
 
