@@ -278,19 +278,27 @@ def gaps(stages, depth, N):
 
 # ------------------------------------------------------------------ cases
 
+def stored_model(name, cfg, seed, wdtype, desc, model_path, img):
+    """A random model written to model_path and read back in float64 (the
+    golden comes from the stored weights), and its stages on img."""
+    model = R.MitaSeg(cfg).double().eval()
+    randomise(model, seed)
+    R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
+                 "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed, desc))
+    model = R.load_model(model_path, dtype=torch.float64)
+    stages = {}
+    with torch.no_grad():
+        R.segment(model, img, stages=stages)
+    return model, stages
+
+
 def run_slide_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     """Sliding windows: only the image, the final logits and the mask are
     golden (the engine traces every window under the same stage names)."""
     img = make_image(size[0], size[1], seed0 + 7)
     model_path = os.path.join(out_dir, name + ".model.safetensors")
-    model = R.MitaSeg(cfg).double().eval()
-    randomise(model, seed0)
-    R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
-                 "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed0, desc))
-    model = R.load_model(model_path, dtype=torch.float64)
-    stages = {}
+    model, stages = stored_model(name, cfg, seed0, wdtype, desc, model_path, img)
     with torch.no_grad():
-        R.segment(model, img, stages=stages)
         # the windows really overlap and are averaged: differs from one whole run
         _, whole = R.segment(model, img, whole=True)
     assert (whole - stages["logits"][0]).abs().max().item() > 1e-3
@@ -314,14 +322,7 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     best = None
     for attempt in range(60):
         seed = seed0 + attempt
-        model = R.MitaSeg(cfg).double().eval()
-        randomise(model, seed)
-        R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
-                     "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed, desc))
-        model = R.load_model(model_path, dtype=torch.float64)   # golden from the stored weights
-        stages = {}
-        with torch.no_grad():
-            R.segment(model, img, stages=stages)
+        model, stages = stored_model(name, cfg, seed, wdtype, desc, model_path, img)
         N = stages["embed"].shape[1]
         tb, to, rg = gaps(stages, cfg["backbone"]["depth"], N)
         ok = tb >= GAP and rg >= GAP
@@ -333,14 +334,7 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     else:
         # fall back to the best seed seen
         seed = best[1]
-        model = R.MitaSeg(cfg).double().eval()
-        randomise(model, seed)
-        R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
-                     "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed, desc))
-        model = R.load_model(model_path, dtype=torch.float64)
-        stages = {}
-        with torch.no_grad():
-            R.segment(model, img, stages=stages)
+        model, stages = stored_model(name, cfg, seed, wdtype, desc, model_path, img)
         N = stages["embed"].shape[1]
         tb, to, rg = gaps(stages, cfg["backbone"]["depth"], N)
         print("  warning: %s: no seed met the gap %g (best %g)" % (name, GAP, min(tb, rg)))
