@@ -199,6 +199,10 @@ def mmseg_cfg_facts(text):
     for tc in _dict_bodies(text, "test_cfg"):
         if re.search(r"\bmode\s*=\s*'slide'", tc) and _pair(tc, "crop_size") and _pair(tc, "stride"):
             f["slide"] = {"crop": _pair(tc, "crop_size"), "stride": _pair(tc, "stride")}
+        # the data preprocessor's test_cfg pads before the model (1.x)
+        m = re.search(r"\bsize_divisor\s*=\s*(\d+)", tc)
+        if m:
+            f["size_divisor"] = int(m.group(1))
     m = re.search(r"\btest_pipeline\s*=\s*\[", text)
     if m:
         for d in _dict_bodies(text[m.end():])[:8]:
@@ -207,9 +211,6 @@ def mmseg_cfg_facts(text):
                 if sc:
                     f["resize_scale"] = sc
                 break
-    m = re.search(r"\bsize_divisor\s*=\s*(\d+)", text)
-    if m:
-        f["size_divisor"] = int(m.group(1))
     return f
 
 
@@ -602,9 +603,14 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
              "whole image) written as the model's default" % path)
     if slide == "none":
         slide = None
+    padded_logits, pad_multiple = opts.get("padded_logits"), p
     if facts.get("size_divisor"):
-        note("%s: the config pads to a multiple of %d before the model; mitaseg pads to "
-             "whole patches" % (path, facts["size_divisor"]))
+        # padded before the model, the padding cropped from the logits after
+        pad_multiple = facts["size_divisor"] * p // math.gcd(facts["size_divisor"], p)
+        padded_logits = padded_logits or "crop"
+    # else mmseg pads inside the ViT and resizes the padded logits straight
+    # to the unpadded size (no crop)
+    padded_logits = padded_logits or "resize"
 
     cfg = {
         "backbone": bb,
@@ -614,10 +620,8 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
         "classes": list(classes), "palette": palette,
         "ignore_index": opts.get("ignore_index"),
         "input": {"mean": list(R.IMAGENET_MEAN), "std": list(R.IMAGENET_STD),
-                  "short_side": short_side, "pad_multiple": p,
-                  # mmseg pads inside the ViT and resizes the padded logits
-                  # straight to the unpadded size (no crop)
-                  "padded_logits": opts.get("padded_logits", "resize")},
+                  "short_side": short_side, "pad_multiple": pad_multiple,
+                  "padded_logits": padded_logits},
         "provenance": "converted from %s (mmsegmentation UperNet ViT) by tools/convert.py"
                       % os.path.basename(path),
     }
@@ -720,9 +724,10 @@ def main(argv=None):
     m.add_argument("--pos-grid", default=None, help="HxW of the position embedding (default: square)")
     m.add_argument("--cls-token", choices=["on", "off"], default=None,
                    help="mmseg with_cls_token (default: the checkpoint's config, else on)")
-    m.add_argument("--padded-logits", choices=["resize", "crop"], default="resize",
-                   help="resize: as mmseg (padded logits resized to the image, default); "
-                        "crop: crop the padding first (mitaseg's own models)")
+    m.add_argument("--padded-logits", choices=["resize", "crop"], default=None,
+                   help="resize: as mmseg pads inside the ViT (padded logits resized to the "
+                        "image; the default); crop: crop the padding first (mmseg with a "
+                        "test-time size_divisor, the default then; mitaseg's own models)")
     m.add_argument("--slide", default=None,
                    help="sliding-window test: CROP,STRIDE (e.g. 512,341) or none "
                         "(default: the checkpoint's config, else none)")

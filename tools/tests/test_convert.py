@@ -495,6 +495,14 @@ class TestMmseg(Tmp):
             model(x, attn={"type": "full"}, stages=st)
             taps = mmseg_vit_taps(sd, x, [0, 1, 2, 3], HEADS, with_cls=False)
         self.assertLess((st["taps.3"] - taps[3]).abs().max().item(), 1e-4)
+        # a data preprocessor that pads at test time: mmseg crops the padding
+        ck["meta"]["cfg"] += ("data_preprocessor = dict(\n    test_cfg=dict(size_divisor=32),\n"
+                              "    type='SegDataPreProcessor')\n")
+        torch.save(ck, src)
+        rc, _, err = self.run_cli("mmseg", src, dst)
+        self.assertEqual(rc, 0, err)
+        inp = R.load_model(dst).cfg["input"]
+        self.assertEqual((inp["padded_logits"], inp["pad_multiple"]), ("crop", 32))
         # flags win over the config
         rc, _, err = self.run_cli("mmseg", src, dst, "--slide", "none", "--short-side", 80,
                                   "--padded-logits", "crop", "--cls-token", "on")
