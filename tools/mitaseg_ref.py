@@ -243,10 +243,11 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None, ncls=0):
 
     if record is not None:
         # positions and queries renumbered: class token last (spec 2.7)
-        record["probe"] = report_order(P, ncls, -1)
-        record["routing"] = report_order(R, ncls, -2)
+        order = (lambda t, dim: report_order(t, ncls, dim)) if ncls else (lambda t, dim: t)
+        record["probe"] = order(P, -1)
+        record["routing"] = order(R, -2)
         record["topk_idx"] = (idx - ncls) % N if ncls else idx
-        record["route"] = report_order(e, ncls, -1)
+        record["route"] = order(e, -1)
     return out
 
 
@@ -285,7 +286,8 @@ class Attention(nn.Module):
             o = attention_full(q, k, v)
         elif att["type"] == "mita":
             # spec 2.7: the landmarks pool the grid tokens only
-            L, (gh, gw) = mita_landmarks(q_tok[:, ncls:], grid, att["landmarks"], h)
+            L, (gh, gw) = mita_landmarks(q_tok[:, ncls:] if ncls else q_tok, grid,
+                                         att["landmarks"], h)
             o = attention_mita(q, k, v, L, att["topk"], att["shared_scale"], record, ncls)
             if record is not None:
                 record["grid"] = (gh, gw, min(att["topk"], N))
@@ -366,7 +368,7 @@ def resize_pos_embed(pos, src_grid, dst_grid, ncls=0, antialias=False):
     kw = {"antialias": True} if antialias else {}
     m = F.interpolate(m, size=tuple(dst_grid), mode="bicubic", align_corners=False, **kw)
     m = m.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], C)
-    return torch.cat([pos[:, :ncls], m], 1)
+    return torch.cat([pos[:, :ncls], m], 1) if ncls else m   # no empty slices (ONNX export)
 
 
 class Backbone(nn.Module):
@@ -418,7 +420,8 @@ class Backbone(nn.Module):
                 t = x
                 if bb["final_norm"] and len(taps) == len(out_idx) - 1:
                     t = self.norm(t)   # final LayerNorm on the last tap only
-                taps.append(t[:, nc:].transpose(1, 2).reshape(B, C, Hp, Wp))   # taps drop it
+                t = t[:, nc:] if nc else t                                  # taps drop it
+                taps.append(t.transpose(1, 2).reshape(B, C, Hp, Wp))
             if len(taps) == len(out_idx):
                 break   # blocks past the last tap do not affect the output
         if stages is not None:
@@ -572,23 +575,25 @@ def working_size(H, W, cfg):
 
 
 def normalise(img, cfg, dtype=torch.float32):
-    """img uint8 (H, W, 3) RGB (numpy or tensor) -> (1, 3, rh, rw): resized
-    (bilinear, align_corners=False, no antialias, on the float image) so the
-    short side is input.short_side, then normalised. Not padded."""
+    """img uint8 (H, W, 3) RGB (numpy or tensor) -> ((1, 3, rh, rw), (rh, rw)):
+    resized (bilinear, align_corners=False, no antialias, on the float image)
+    so the short side is input.short_side, then normalised. Not padded."""
     cfg = complete_config(cfg)
     t = img if torch.is_tensor(img) else torch.as_tensor(np.asarray(img))   # tensor: traceable
     t = t.to(dtype).permute(2, 0, 1).unsqueeze(0)                           # (1,3,H,W)
     H, W = t.shape[-2:]
-    t = resize(t, working_size(H, W, cfg))
+    rh, rw = working_size(H, W, cfg)
+    t = resize(t, (rh, rw))
     mean = torch.tensor(cfg["input"]["mean"], dtype=dtype).view(1, 3, 1, 1)
     std = torch.tensor(cfg["input"]["std"], dtype=dtype).view(1, 3, 1, 1)
-    return (t - mean) / std
+    return (t - mean) / std, (rh, rw)
 
 
-def pad_input(t, cfg):
-    """Zero-pads (B, 3, h, w) right/bottom to a multiple of input.pad_multiple."""
+def pad_input(t, cfg, size):
+    """Zero-pads (B, 3, h, w), (h, w) = size as Python ints (so an ONNX trace
+    pads by constants), right/bottom to a multiple of input.pad_multiple."""
     pm = complete_config(cfg)["input"]["pad_multiple"] or 1
-    h, w = t.shape[-2:]
+    h, w = size
     return F.pad(t, (0, -(-w // pm) * pm - w, 0, -(-h // pm) * pm - h))
 
 
@@ -598,8 +603,8 @@ def preprocess(img, cfg, dtype=torch.float32):
     Resize (bilinear, align_corners=False, no antialias) the float image so the
     short side is input.short_side; normalise; zero-pad right/bottom to a
     multiple of pad_multiple."""
-    t = normalise(img, cfg, dtype)
-    return pad_input(t, cfg), tuple(t.shape[-2:])
+    t, size = normalise(img, cfg, dtype)
+    return pad_input(t, cfg, size), size
 
 
 def unpad_logits(head_logits, padded_size, size, padded_logits="crop"):
@@ -641,7 +646,7 @@ def slide_logits(model, x, slide, attn=None):
             y1, x1 = hi * hs, wi * ws
             y2, x2 = min(y1 + hc, H), min(x1 + wc, W)
             y1, x1 = max(y2 - hc, 0), max(x2 - wc, 0)
-            crop = pad_input(x[:, :, y1:y2, x1:x2], model.cfg)
+            crop = pad_input(x[:, :, y1:y2, x1:x2], model.cfg, (y2 - y1, x2 - x1))
             head = model(crop, attn=attn)
             win = unpad_logits(head, crop.shape[-2:], (y2 - y1, x2 - x1),
                                model.cfg["input"].get("padded_logits", "crop"))
@@ -658,7 +663,7 @@ def segment(model, img, attn=None, stages=None, whole=False):
     H, W = np.asarray(img).shape[:2]
     slide = model.cfg["input"].get("slide")
     if slide and not whole:
-        x = normalise(img, model.cfg, dtype)
+        x, _ = normalise(img, model.cfg, dtype)
         logits = resize(slide_logits(model, x, slide, attn), (H, W))
         mask = first_argmax(logits, dim=1).to(torch.uint8)
     else:

@@ -164,7 +164,7 @@ class TestMmseg(unittest.TestCase):
     def mmseg_stages(self, model, img, cls_token, padded_logits="resize"):
         """mmseg's own stages on the reference's normalised working-size image
         (mmseg resizes uint8 with OpenCV; that step alone is left out)."""
-        ours = R.normalise(img, {"backbone": {"patch_size": 16, "embed_dim": 1, "depth": 1,
+        ours, _ = R.normalise(img, {"backbone": {"patch_size": 16, "embed_dim": 1, "depth": 1,
                                               "num_heads": 1, "pos_grid": [1, 1]},
                                  "classes": ["x"], "input": {"short_side": SHORT}},
                            torch.float64)
