@@ -11,6 +11,8 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "../kernels/elementwise.h" /* slide_windows, slide_start */
+
 /* A folder found through a symbolic link, walked after the real tree. */
 struct ms_batch_link {
     char *dir, *rel;    /* owned */
@@ -590,19 +592,12 @@ ms_status batch_make_parent_dirs(const char *path)
 
 int batch_tile_starts(int *starts, int len, int tile, int overlap)
 {
-    if (len <= tile) {
-        if (starts) starts[0] = 0;
-        return 1;
-    }
-    int stride = tile - overlap;
     /* Windows at 0, stride, 2*stride, ... until one reaches the end; the last
-     * is moved back to end flush, so no window is partial and none hangs out. */
-    int count = 1 + (len - tile + stride - 1) / stride;
+     * is moved back to end flush, so no window is partial and none hangs out
+     * (the same windows as a model's input.slide, mmseg's slide_inference). */
+    int stride = tile - overlap, count = slide_windows(len, tile, stride);
     if (starts)
-        for (int i = 0; i < count; i++) {
-            int s = i * stride;
-            starts[i] = s + tile > len ? len - tile : s;
-        }
+        for (int i = 0; i < count; i++) starts[i] = slide_start(i, len, tile, stride);
     return count;
 }
 

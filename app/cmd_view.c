@@ -639,7 +639,7 @@ static void budget_change(viewer *v, int dgrid, int kmul, bool kdiv, bool toggle
         if (v->run.attention == MS_ATTN_FULL) v->run.attention = MS_ATTN_MITA;
     } else {
         int nk = kdiv ? k / 2 : k * kmul;
-        int n = v->have_res ? r->n : INT_MAX;
+        int n = v->have_res ? r->n + r->ncls : INT_MAX; /* k clamps to the keys, class token included */
         if (nk < 1 || nk > n || nk == k) {
             set_status(v, "top-k stays %d (1 .. %d)", k, n);
             return;

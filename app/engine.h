@@ -35,6 +35,7 @@ typedef struct {
     int rh, rw;             /* resized (working) size, before padding */
     int ph, pw;             /* padded network input */
     int patch, hp, wp, n;   /* token grid, n = hp*wp */
+    int ncls;               /* 1 with a class token: records number it n (mita-spec 2.7) */
     int classes;
     float *logits;          /* (classes, h, w) at the original size, before argmax */
     uint8_t *mask;          /* (h, w) */
@@ -43,10 +44,10 @@ typedef struct {
     int depth, heads;
     int gh, gw, m, k;       /* effective (clamped) landmark grid and k */
     uint8_t *layer_mita;    /* (depth) */
-    int32_t *topk_idx;      /* (depth, heads, m, k) */
-    int32_t *route;         /* (depth, heads, n) */
-    float *shared_mass;     /* (depth, heads, n) */
-    /* keep_blocks: every block's output tokens, MiTA or full */
+    int32_t *topk_idx;      /* (depth, heads, m, k): positions 0..n-1, class token n */
+    int32_t *route;         /* (depth, heads, n + ncls), the class token's last */
+    float *shared_mass;     /* (depth, heads, n + ncls), the class token's last */
+    /* keep_blocks: every block's output grid tokens (no class token), MiTA or full */
     int dim;                /* token width C; 0 without blocks */
     float *blocks;          /* (depth, n, dim) or NULL */
     /* run facts */

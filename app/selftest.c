@@ -95,9 +95,10 @@ ms_status result_compare(ms_agreement *a, const ms_result *got, const ms_result 
     if (ref->attention != MS_ATTN_MITA || !ref->topk_idx || !got->topk_idx || !ref->layer_mita)
         return MS_OK;
     if (got->depth != ref->depth || got->heads != ref->heads || got->m != ref->m ||
-        got->k != ref->k || got->n != ref->n)
+        got->k != ref->k || got->n != ref->n || got->ncls != ref->ncls)
         return ms_error(MS_ERR_ARG, "MiTA records differ in shape");
-    size_t per = (size_t)ref->heads * ref->m * ref->k, pr = (size_t)ref->heads * ref->n;
+    /* route: n + ncls entries per head, a class token's last */
+    size_t per = (size_t)ref->heads * ref->m * ref->k, pr = (size_t)ref->heads * (ref->n + ref->ncls);
     for (int l = 0; l < ref->depth; l++) {
         if (!ref->layer_mita[l]) continue;
         for (size_t j = 0; j < per; j++)

@@ -77,7 +77,8 @@ static void layer_stats(ms_stats *st, const ms_result *r, int l, uint64_t *sets,
             }
         jac_sum += pairs ? jac / pairs : 0;
         if (r->shared_mass) {
-            const float *sm = r->shared_mass + ((size_t)l * H + h) * N;
+            /* rows of N + ncls: the class token (last) is not a position */
+            const float *sm = r->shared_mass + ((size_t)l * H + h) * (N + r->ncls);
             double s = 0;
             for (int t = 0; t < N; t++)
                 if (token_in_image(r, t)) s += sm[t];

@@ -22,6 +22,51 @@ extern "C" ms_status add_cuda(ms_backend *be, float *out, const float *a, const 
     return MS_OK;
 }
 
+__global__ void window_add_kernel(float *acc, const float *win, int c, int h, int w, int wh,
+                                  int ww, int y0, int x0, bool first)
+{
+    size_t n = first ? (size_t)c * h * w : (size_t)c * wh * ww;
+    CUDA_FOR(i, n) {
+        if (first) { /* every acc element: the window's value inside it, else 0 */
+            int x = (int)(i % w), y = (int)(i / w % h), ch = (int)(i / ((size_t)w * h));
+            bool in = y >= y0 && y < y0 + wh && x >= x0 && x < x0 + ww;
+            acc[i] = in ? win[((size_t)ch * wh + y - y0) * ww + x - x0] : 0.0f;
+        } else {
+            int x = (int)(i % ww), y = (int)(i / ww % wh), ch = (int)(i / ((size_t)ww * wh));
+            acc[((size_t)ch * h + y0 + y) * w + x0 + x] += win[i];
+        }
+    }
+}
+
+extern "C" ms_status window_add_cuda(ms_backend *be, float *acc, const float *win, int c, int h,
+                                     int w, int wh, int ww, int y0, int x0, bool first)
+{
+    size_t n = first ? (size_t)c * h * w : (size_t)c * wh * ww;
+    window_add_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, cuda_ctx_of(be)->stream>>>(
+        acc, win, c, h, w, wh, ww, y0, x0, first);
+    CUDA_CHECK_LAUNCH("window_add_kernel");
+    return MS_OK;
+}
+
+__global__ void window_average_kernel(float *acc, int c, int h, int w, int wh, int ww, int sh,
+                                      int sw)
+{
+    CUDA_FOR(i, (size_t)c * h * w) {
+        int x = (int)(i % w), y = (int)(i / w % h);
+        acc[i] /= (float)(slide_count(y, h, wh, sh) * slide_count(x, w, ww, sw));
+    }
+}
+
+extern "C" ms_status window_average_cuda(ms_backend *be, float *acc, int c, int h, int w, int wh,
+                                         int ww, int sh, int sw)
+{
+    size_t n = (size_t)c * h * w;
+    window_average_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0,
+                            cuda_ctx_of(be)->stream>>>(acc, c, h, w, wh, ww, sh, sw);
+    CUDA_CHECK_LAUNCH("window_average_kernel");
+    return MS_OK;
+}
+
 /* 32x32 tiles through shared memory (one column of padding against bank
  * conflicts), so both the reads and the writes are coalesced. */
 __global__ void transpose_kernel(float *out, const float *in, int rows, int cols)

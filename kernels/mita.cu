@@ -31,6 +31,7 @@
 /* Scratch layout (offsets in bytes, each part 256-aligned). */
 struct mita_layout {
     size_t land, probe, route_s, sv, idx, route, counts, cursor, starts, chunks, order, cand;
+    size_t mass; /* shared mass in sequence order, before mita_report_pos */
     size_t part; /* split-N partial summaries */
     size_t total;
 };
@@ -51,6 +52,7 @@ static mita_layout mita_plan(int n, int c, int heads, int m, int k)
     L.starts = o;  o += cuda_align256(hm * sizeof(int));
     L.chunks = o;  o += cuda_align256((hm + 1) * sizeof(int));
     L.order = o;   o += cuda_align256(hn * sizeof(int));
+    L.mass = o;    o += cuda_align256(hn * sizeof(float));
     L.cand = o;    o += k > MS_TOPK_SMEM ? cuda_align256(hm * k * sizeof(uint64_t)) : 0;
     size_t nch = ((size_t)n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
     L.part = o;    o += nch > 1 ? cuda_align256(hm * nch * (c / heads) * sizeof(float)) : 0;
@@ -58,9 +60,10 @@ static mita_layout mita_plan(int n, int c, int heads, int m, int k)
     return L;
 }
 
-extern "C" size_t mita_cuda_scratch_bytes(int hp, int wp, int c, int heads, int gh, int gw, int k)
+extern "C" size_t mita_cuda_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh,
+                                          int gw, int k)
 {
-    return mita_plan(hp * wp, c, heads, gh * gw, k).total;
+    return mita_plan(ncls + hp * wp, c, heads, gh * gw, k).total;
 }
 
 /* ---- kernels ---- */
@@ -347,6 +350,27 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
                    mx, l, m_sh, l_sh, acc, d);
 }
 
+/* With a class token the kernels work in sequence order (class token at 0);
+ * the records number it N, after the grid (spec 2.7, mita_report_pos). */
+__global__ void record_report_kernel(ms_mita_record rec, const int32_t *idx /* (heads, m, k) */,
+                                     const int32_t *route /* (heads, n) */,
+                                     const float *mass /* (heads, n) */, int heads, int n,
+                                     int mk, int ncls)
+{
+    long n_idx = (long)heads * mk, total = n_idx + (long)heads * n;
+    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < total;
+         t += (long)gridDim.x * blockDim.x) {
+        if (t < n_idx) {
+            if (rec.topk_idx) rec.topk_idx[t] = mita_report_pos(idx[t], ncls, n);
+            continue;
+        }
+        long u = t - n_idx, h = u / n;
+        size_t at = (size_t)h * n + mita_report_pos((int)(u - h * n), ncls, n);
+        if (rec.route) rec.route[at] = route[u];
+        if (rec.shared_mass) rec.shared_mass[at] = mass[u];
+    }
+}
+
 /* ---- host ---- */
 
 /* Stage timing for the benchmark (bench/bench_gpu_attention.c declares
@@ -394,11 +418,11 @@ static ms_status launch_routed(ms_cuda_ctx *cu, unsigned grid, size_t smem, floa
 }
 
 extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int hp, int wp,
-                               int c, int heads, int gh, int gw, int k, bool shared_scale_d,
-                               const ms_mita_record *rec, void *ws)
+                               int ncls, int c, int heads, int gh, int gw, int k,
+                               bool shared_scale_d, const ms_mita_record *rec, void *ws)
 {
     ms_cuda_ctx *cu = cuda_ctx_of(be);
-    const int n = hp * wp, m = gh * gw, d = heads > 0 ? c / heads : 0;
+    const int n = ncls + hp * wp, m = gh * gw, d = heads > 0 ? c / heads : 0;
     if (n <= 0 || heads <= 0 || d * heads != c || m <= 0 || k <= 0 || k > n)
         return ms_error(MS_ERR_ARG, "mita_cuda: bad sizes n=%d c=%d heads=%d m=%d k=%d", n, c,
                         heads, m, k);
@@ -443,13 +467,15 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     float *probe = (float *)(base + L.probe);
     float *rs = (float *)(base + L.route_s);
     float *sv = (float *)(base + L.sv);
-    int32_t *idx = rec && rec->topk_idx ? rec->topk_idx : (int32_t *)(base + L.idx);
-    int32_t *route = rec && rec->route ? rec->route : (int32_t *)(base + L.route);
+    /* with a class token the records are renumbered at the end, from scratch */
+    const ms_mita_record *direct = ncls ? NULL : rec;
+    int32_t *idx = direct && direct->topk_idx ? direct->topk_idx : (int32_t *)(base + L.idx);
+    int32_t *route = direct && direct->route ? direct->route : (int32_t *)(base + L.route);
     int *counts = (int *)(base + L.counts), *cursor = (int *)(base + L.cursor);
     int *starts = (int *)(base + L.starts), *chunks = (int *)(base + L.chunks);
     int *order = (int *)(base + L.order);
     uint64_t *cand = k > MS_TOPK_SMEM ? (uint64_t *)(base + L.cand) : NULL;
-    float *mass = rec ? rec->shared_mass : NULL;
+    float *mass = direct ? direct->shared_mass : rec ? (float *)(base + L.mass) : NULL;
     const float *qp = qkv, *kp = qkv + c, *vp = qkv + 2 * c;
     const int c3 = 3 * c;
     const float s = mita_scale(d), sh = mita_shared_scale(d, shared_scale_d);
@@ -457,7 +483,8 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
 
     MS_TRY(prof_mark(st, 0));
     /* 1. landmarks */
-    landmark_kernel<<<cuda_blocks((size_t)m * c, 256), 256, 0, st>>>(land, qkv, hp, wp, c, gh, gw);
+    landmark_kernel<<<cuda_blocks((size_t)m * c, 256), 256, 0, st>>>(land, qkv + (size_t)ncls * c3,
+                                                                     hp, wp, c, gh, gw);
     CUDA_CHECK_LAUNCH("landmark_kernel");
     MS_TRY(prof_mark(st, 1));
     /* 2. probe, per head: P_h (M x N row-major) = col-major (N x M) = K_h^T' L_h. */
@@ -535,6 +562,12 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
         rst = launch_routed<0>(cu, (unsigned)grid, smem, out, mass, qkv, rs, sv, idx, order,
                                starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     MS_TRY(rst);
+    if (ncls && rec) {
+        size_t total = (size_t)heads * ((size_t)m * k + n);
+        record_report_kernel<<<cuda_blocks(total, 256), 256, 0, st>>>(*rec, idx, route, mass,
+                                                                       heads, n, m * k, ncls);
+        CUDA_CHECK_LAUNCH("record_report_kernel");
+    }
     MS_TRY(prof_mark(st, 8));
     return prof_finish();
 }

@@ -220,24 +220,24 @@ ms_status op_mita(ms_backend *be, float *out, const float *qkv, int hp, int wp, 
                          hp, wp, c, heads);
     if ((long long)hp * wp > INT_MAX / 64)
         return BAD_SIZES(__func__, "hp=%d wp=%d: too many tokens", hp, wp);
-    if (p->gh <= 0 || p->gw <= 0 || p->topk <= 0)
-        return BAD_SIZES(__func__, "gh=%d gw=%d topk=%d", p->gh, p->gw, p->topk);
-    int gh, gw, k;
+    if (p->gh <= 0 || p->gw <= 0 || p->topk <= 0 || p->ncls < 0 || p->ncls > 1)
+        return BAD_SIZES(__func__, "gh=%d gw=%d topk=%d ncls=%d", p->gh, p->gw, p->topk, p->ncls);
+    int gh, gw, k, nc = p->ncls;
     mita_clamp(&gh, &gw, &k, hp, wp, p); /* the caller clamps too; be defensive */
     int chunks = cpu_chunks(be);
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(mita_cuda_scratch_bytes(hp, wp, c, heads, gh, gw, k))
-                       : mita_scratch_bytes(hp, wp, c, heads, gh, gw, k, chunks);
+                       ? CUDA_BYTES(mita_cuda_scratch_bytes(hp, wp, nc, c, heads, gh, gw, k))
+                       : mita_scratch_bytes(hp, wp, nc, c, heads, gh, gw, k, chunks);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
     if (!be->dry_run) {
         if (be->device == MS_DEVICE_CPU)
-            mita_cpu(out, qkv, hp, wp, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
+            mita_cpu(out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
                      chunks);
         else {
 #ifdef MS_HAVE_CUDA
-            st = mita_cuda(be, out, qkv, hp, wp, c, heads, gh, gw, k, p->shared_scale_d, rec,
+            st = mita_cuda(be, out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec,
                            s.ptr);
 #else
             st = no_cuda(__func__);
@@ -383,6 +383,33 @@ ms_status op_crop(ms_backend *be, float *out, const float *in, int c, int h, int
         return MS_OK;
     }
     ON_CUDA(crop_cuda(be, out, in, c, h, w, ho, wo));
+}
+
+ms_status op_window_add(ms_backend *be, float *acc, const float *win, int c, int h, int w, int wh,
+                        int ww, int y0, int x0, bool first)
+{
+    if (c <= 0 || wh <= 0 || ww <= 0 || y0 < 0 || x0 < 0 || y0 + wh > h || x0 + ww > w)
+        return BAD_SIZES(__func__, "c=%d window %dx%d at (%d, %d) in %dx%d", c, wh, ww, y0, x0, h, w);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        window_add_cpu(acc, win, c, h, w, wh, ww, y0, x0, first);
+        return MS_OK;
+    }
+    ON_CUDA(window_add_cuda(be, acc, win, c, h, w, wh, ww, y0, x0, first));
+}
+
+ms_status op_window_average(ms_backend *be, float *acc, int c, int h, int w, int wh, int ww,
+                            int sh, int sw)
+{
+    if (c <= 0 || h <= 0 || w <= 0 || wh <= 0 || ww <= 0 || sh <= 0 || sw <= 0)
+        return BAD_SIZES(__func__, "c=%d %dx%d windows %dx%d strides %d, %d", c, h, w, wh, ww,
+                         sh, sw);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        window_average_cpu(acc, c, h, w, wh, ww, sh, sw);
+        return MS_OK;
+    }
+    ON_CUDA(window_average_cuda(be, acc, c, h, w, wh, ww, sh, sw));
 }
 
 ms_status op_argmax(ms_backend *be, uint8_t *out, const float *in, int c, int h, int w)

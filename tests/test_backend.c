@@ -733,7 +733,8 @@ static void e2e_case(const char *case_name)
     ck_assert_ptr_nonnull(img_t);
     ms_image img = {.h = (int)img_t->shape[0], .w = (int)img_t->shape[1],
                     .rgb = (uint8_t *)img_t->data};
-    ms_run_options ro = {.attention = -1, .record = true};
+    const char *sl = model_file_metadata(g, "slide"); /* windows run only without records */
+    ms_run_options ro = {.attention = -1, .record = !(sl && !strcmp(sl, "yes"))};
     const char *att = model_file_metadata(g, "attention");
     if (att) ro.attention = strcmp(att, "full") ? MS_ATTN_MITA : MS_ATTN_FULL;
 
@@ -774,7 +775,8 @@ static void e2e_case(const char *case_name)
 START_TEST(test_e2e_fixtures)
 {
     const char *cases[] = {"pad_resize", "full_none", "mita_d", "mita_sqrtd_conv",
-                           "posgrid",    "small_grid", "f16"};
+                           "posgrid",    "small_grid", "f16",      "cls_mita",
+                           "cls_full",   "mmseg_pad",  "slide"};
     /* the small set (memcheck) keeps MiTA with resize and padding, and full
      * attention: each case makes four engines, and handle creation under the
      * sanitizer takes seconds */

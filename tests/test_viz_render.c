@@ -232,6 +232,22 @@ START_TEST(test_selection_counts)
     }
     /* the full-attention layer has no selections */
     ck_assert_int_eq(viz_selection_counts(count, &f.res, 1, -1), -1);
+
+    /* class token (mita-spec 2.7: recorded as position n): counted apart,
+     * never as a grid token */
+    ck_assert_int_eq(viz_cls_picks(&f.res, 2, -1), -1); /* no class token */
+    f.res.ncls = 1;
+    int32_t *l2 = f.res.topk_idx + (size_t)2 * HEADS * M * K; /* layer 2 */
+    l2[0] = NT;                   /* head 0, expert 0 */
+    l2[(size_t)M * K + K] = NT;   /* head 1, expert 1 */
+    l2[(size_t)M * K + K + 1] = NT - 1;
+    ck_assert_int_eq(viz_cls_picks(&f.res, 2, -1), 2);
+    ck_assert_int_eq(viz_cls_picks(&f.res, 2, 0), 1);
+    ck_assert_int_eq(viz_cls_picks(&f.res, 1, -1), -1); /* full attention there */
+    viz_selection_counts(count, &f.res, 2, -1);
+    int total = 0;
+    for (int t = 0; t < NT; t++) total += count[t];
+    ck_assert_int_eq(total, HEADS * M * K - 2);
     fixture_free(&f);
 }
 END_TEST

@@ -13,7 +13,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
 if [ "${1:-}" = "--dev" ]; then
   pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
-         slurmctld slurmd slurm-client munge parallel)
+         slurmctld slurmd slurm-client munge parallel
+         python3-pip python3-torchvision python3-scipy python3-matplotlib)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

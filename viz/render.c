@@ -544,7 +544,7 @@ static const int32_t *expert_idx(const ms_result *r, int layer, int head, int e)
 
 static const int32_t *route_of(const ms_result *r, int layer, int head)
 {
-    return r->route + ((size_t)layer * r->heads + head) * r->n;
+    return r->route + ((size_t)layer * r->heads + head) * (r->n + r->ncls); /* class token last */
 }
 
 /* Draws one layer's heatmap into rect (film strip and strip view tiles). */
@@ -882,6 +882,10 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
                  v->image_tokens ? 100.0 * v->pruned_tokens / v->image_tokens : 0.0);
         if (v->layer_mita) line(&p, col_dim, "(%d of %d tokens)", v->pruned_tokens, v->image_tokens);
         else line(&p, col_dim, "full attention: nothing pruned");
+        if (v->layer_mita) {
+            int cp = viz_cls_picks(r, v->layer, v->head);
+            if (cp >= 0) line(&p, col_text, "class token picked by %d expert%s", cp, cp == 1 ? "" : "s");
+        }
         if (st->view == VIZ_HEATMAP) viz_draw_depth_chart(c, lay, st, v->layer);
         break;
     case VIZ_EXPERT:
@@ -923,7 +927,7 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
             if (qe >= 0 && qe < r->m) line(&p, col_window, "routed to expert %d (cell %d,%d)", qe, qe / r->gw, qe % r->gw);
             line(&p, col_pick, "read %d raw positions", r->k);
             if (r->shared_mass) {
-                float s = r->shared_mass[((size_t)v->layer * r->heads + v->vhead) * r->n + t];
+                float s = r->shared_mass[((size_t)v->layer * r->heads + v->vhead) * (r->n + r->ncls) + t];
                 line(&p, col_text, "attention mass:");
                 int bw = p.w, sw = (int)lrintf(s * bw);
                 uint8_t shc[3], roc[3];

@@ -178,6 +178,10 @@ static inline int viz_landmark_of_token(const ms_result *r, int tr, int tc)
  * (head -1: all heads). Returns the largest count; -1 when the layer ran full
  * attention or there is no record. */
 int viz_selection_counts(int *count /* (n) */, const ms_result *r, int layer, int head);
+/* How many (head, expert) routed sets of this layer (head -1: all heads)
+ * contain the class token (recorded as position n, mita-spec 2.7); -1 when the
+ * model has no class token, the layer ran full attention or there is no record. */
+int viz_cls_picks(const ms_result *r, int layer, int head);
 /* Fraction of the image's tokens with count 0; tokens: how many in the image. */
 double viz_pruned_fraction(int *tokens, const int *count /* (n) */, const ms_result *r);
 /* Largest selection count over every MiTA layer (the heatmaps' shared scale,
