@@ -290,7 +290,12 @@ START_TEST(test_emu_elementwise)
     const int sm[][2] = {{3, 1}, {2, 37}, {3, 300}, {2, 1500}}; /* 64, 256, 512 threads */
     for (auto &rc : sm) {
         size_t n = (size_t)rc[0] * rc[1];
-        auto got = randv(n, 4, -8.0f, 8.0f), ref = got;
+        auto got = randv(n, 4, -8.0f, 8.0f);
+        /* a spike in the row's last warp: a max taken over fewer threads
+         * (softmax itself does not depend on the shift) overflows exp */
+        for (int r = 0; r < rc[0]; r++)
+            got[(size_t)r * rc[1] + std::max(rc[1] - 1 - r, 0)] = 120.0f;
+        auto ref = got;
         ok(softmax_rows_cuda(&be, got.data(), rc[0], rc[1]), "softmax_rows_cuda");
         softmax_rows_cpu(ref.data(), rc[0], rc[1]);
         check_close(got, ref, 1e-5, "softmax_rows"); /* 1500-term sums in another order */
@@ -378,7 +383,13 @@ END_TEST
 
 /* ---- convolution epilogues, linear ---- */
 
-static float bf16_round(float x) { uint32_t u = (uint32_t)bf16_from_f32(x) << 16; float y; memcpy(&y, &u, 4); return y; }
+static float bf16_round(float x)
+{
+    uint32_t u = (uint32_t)bf16_from_f32(x) << 16;
+    float y;
+    memcpy(&y, &u, 4);
+    return y;
+}
 
 START_TEST(test_emu_conv)
 {
@@ -516,7 +527,7 @@ struct mita_case {
 /* mita_cuda on the emulated device against mita_cpu: the routed sets and
  * routes exactly (the GEMMs are exact on these inputs), the output and the
  * shared mass to FP32 rounding. */
-static void run_mita(const mita_case &t, size_t smem_optin)
+static void run_mita(const mita_case &t, size_t smem_optin, size_t routed_smem = 0)
 {
     const int n = t.hp * t.wp, c = t.c, m = t.gh * t.gw, k = t.k, heads = t.heads;
     char what[160];
@@ -537,11 +548,19 @@ static void run_mita(const mita_case &t, size_t smem_optin)
     std::vector<int32_t> idx((size_t)heads * m * k, -7), route((size_t)heads * n, -7);
     std::vector<float> mass = nans((size_t)heads * n), out = nans((size_t)n * c);
     ms_mita_record rec = {idx.data(), route.data(), mass.data()};
+    ms_emu::clear_launches();
     ms_status st = mita_cuda(&be, out.data(), qkv.data(), t.hp, t.wp, c, heads, t.gh, t.gw, k,
                              t.shared_d, &rec, wsa);
     g_cu->smem_optin = optin0;
     ms_emu::set_smem_optin(optin0);
     ck_assert_msg(st == MS_OK, "%s: %s", what, ms_last_error());
+    if (routed_smem) { /* the tiling the host code chose */
+        const ms_emu::launch_record &r = ms_emu::launches().back();
+        ck_assert_msg(strncmp(r.name, "routed_kernel", 13) == 0 && r.smem == routed_smem,
+                      "%s: last launch %s with %zu bytes of shared memory, expected the routed "
+                      "kernel with %zu",
+                      what, r.name, r.smem, routed_smem);
+    }
 
     std::vector<uint8_t> cws(mita_scratch_bytes(t.hp, t.wp, c, heads, t.gh, t.gw, k, 1) + 64);
     void *cwsa = (void *)(((uintptr_t)cws.data() + 63) & ~(uintptr_t)63);
@@ -575,6 +594,8 @@ START_TEST(test_emu_mita)
         /* more experts than tokens per expert: most experts get no query;
          * two heads of d = 48 */
         {7, 6, 96, 2, 6, 5, 3, true, 0},
+        /* k = 100 > 64: the routed keys in two tiles (64 + 36) */
+        {12, 12, 32, 1, 6, 6, 100, false, 0},
         /* N > MITA_SV_CHUNK (split summary GEMM), all queries to expert 0:
          * one group of 33 chunks, three empty experts */
         {64, 65, 64, 1, 2, 2, 20, false, 1},
@@ -586,11 +607,13 @@ END_TEST
 START_TEST(test_emu_mita_tiles)
 {
     /* 196 summaries of d = 64 (49 KB) exceed the default 48 KB: the opt-in
-     * limit of an H200, then a device limited to 48 KB, where the routed
-     * kernel stages the summaries in tiles (128 + 68) next to 32-key tiles */
-    const mita_case t = {28, 15, 64, 1, 14, 14, 40, false, 0};
-    run_mita(t, 232448);
-    run_mita(t, 48 * 1024);
+     * limit of an H200 (key tiles 64 + 6), then a device limited to 48 KB,
+     * where the routed kernel stages the summaries in tiles (128 + 68) next
+     * to key tiles of 32 (32 + 32 + 6) */
+    const mita_case t = {28, 15, 64, 1, 14, 14, 70, false, 0};
+    const size_t row = 64 * sizeof(float);
+    run_mita(t, 232448, 196 * row + 64 * 2 * row);
+    run_mita(t, 48 * 1024, 128 * row + 32 * 2 * row);
 }
 END_TEST
 

@@ -141,6 +141,10 @@ static void fail(const char *fmt, ...)
 
 const char *last_failure() { return g_failure.c_str(); }
 
+static std::vector<launch_record> g_launches;
+const std::vector<launch_record> &launches() { return g_launches; }
+void clear_launches() { g_launches.clear(); }
+
 void set_smem_optin(size_t bytes) { g_optin = bytes; }
 
 /* ---- fibers ----
@@ -436,6 +440,7 @@ void launch(const char *name, const void *key, dim3 grid, dim3 block, size_t sme
     ensure_seed();
     g_kernel = name;
     g_failure.clear();
+    g_launches.push_back(launch_record{name, grid, block, smem});
     const unsigned long long nt = (unsigned long long)block.x * block.y * block.z;
     const unsigned long long nb = (unsigned long long)grid.x * grid.y * grid.z;
     cudaError_t e = cudaSuccess;

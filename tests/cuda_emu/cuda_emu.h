@@ -43,6 +43,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 /* ---- qualifiers ---- */
 #define __global__
@@ -110,8 +111,16 @@ uint64_t seed();
 void set_seed(uint64_t s);
 /* The device's opt-in shared memory limit (default 227 KB, as H100/H200). */
 void set_smem_optin(size_t bytes);
-/* The last launch failure (empty: none); cleared by cudaGetLastError. */
+/* The failure of the last launch (empty: none). */
 const char *last_failure();
+/* Every launch since clear_launches (tests check which path host code took). */
+struct launch_record {
+    const char *name;
+    dim3 grid, block;
+    size_t smem;
+};
+const std::vector<launch_record> &launches();
+void clear_launches();
 
 template <class... P>
 struct launcher {
