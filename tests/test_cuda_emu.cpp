@@ -606,14 +606,14 @@ END_TEST
 
 START_TEST(test_emu_mita_tiles)
 {
-    /* 196 summaries of d = 64 (49 KB) exceed the default 48 KB: the opt-in
+    /* 49 summaries of d = 256 (49 KB) exceed the default 48 KB: the opt-in
      * limit of an H200 (key tiles 64 + 6), then a device limited to 48 KB,
-     * where the routed kernel stages the summaries in tiles (128 + 68) next
-     * to key tiles of 32 (32 + 32 + 6) */
-    const mita_case t = {28, 15, 64, 1, 14, 14, 70, false, 0};
-    const size_t row = 64 * sizeof(float);
-    run_mita(t, 232448, 196 * row + 64 * 2 * row);
-    run_mita(t, 48 * 1024, 128 * row + 32 * 2 * row);
+     * where the routed kernel stages the summaries in tiles (32 + 17) next
+     * to key tiles of 8 (8 x 8 + 6) */
+    const mita_case t = {14, 14, 256, 1, 7, 7, 70, false, 0};
+    const size_t row = 256 * sizeof(float);
+    run_mita(t, 232448, 49 * row + 64 * 2 * row);
+    run_mita(t, 48 * 1024, 32 * row + 8 * 2 * row);
 }
 END_TEST
 

@@ -21,23 +21,28 @@
 extern "C" char __start_ms_emu_shared[] __attribute__((weak));
 extern "C" char __stop_ms_emu_shared[] __attribute__((weak));
 
-/* AddressSanitizer follows stack switches only through swapcontext. */
+/* AddressSanitizer is told about each stack switch (fiber annotations). */
 #if defined(__SANITIZE_ADDRESS__)
-#define MS_EMU_UCONTEXT_ONLY 1
+#define MS_EMU_ASAN 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
-#define MS_EMU_UCONTEXT_ONLY 1
+#define MS_EMU_ASAN 1
 #endif
+#endif
+#ifdef MS_EMU_ASAN
+#include <sanitizer/common_interface_defs.h>
 #endif
 
 namespace ms_emu {
 
 enum thread_st { ST_READY, ST_BARRIER, ST_WARP, ST_DONE };
 
+/* One fiber per thread index, kept across blocks and launches: it runs the
+ * kernel body once per block (fiber_main). */
 struct thread_state {
-    ucontext_t ctx; /* the fiber's start */
-    jmp_buf jb;     /* where it waits */
-    bool started;
+    jmp_buf jb;   /* where it waits */
+    bool started; /* false: (re)start it from fiber_main */
+    void *fake;   /* AddressSanitizer's fake stack */
     dim3 idx;
     int lin, lane, warp;
     thread_st st;
@@ -53,14 +58,14 @@ struct thread_state {
  * AddressSanitizer too; pages are only touched as used. */
 static const size_t STACK_BYTES = 512 * 1024;
 
-static std::vector<thread_state> g_threads;
-static std::vector<char *> g_stacks;
-#ifdef MS_EMU_UCONTEXT_ONLY
-static ucontext_t g_sched;
-#else
+static const int MAX_THREADS = 1024;
+static thread_state g_threads[MAX_THREADS];
+static int g_nt; /* threads of the current block */
+static char *g_stacks[MAX_THREADS];
 static jmp_buf g_sched_jb;
-#endif
-static ucontext_t g_start; /* a context to copy for each fiber */
+static void *g_sched_fake;
+static const void *g_sched_bottom; /* the scheduler's stack (for ASan) */
+static size_t g_sched_size;
 static thread_state *g_cur;
 const dim3 *g_thread_idx;
 dim3 g_block_idx, g_block_dim, g_grid_dim;
@@ -148,52 +153,72 @@ void clear_launches() { g_launches.clear(); }
 void set_smem_optin(size_t bytes) { g_optin = bytes; }
 
 /* ---- fibers ----
- * A fiber starts with setcontext on its own stack; after that, switches are
- * _setjmp/_longjmp (no signal-mask system call: ten times faster than
- * swapcontext). Under AddressSanitizer every switch is a swapcontext. */
+ * A fiber starts once (makecontext + swapcontext on its own stack) and then
+ * loops over blocks; switches are _setjmp/_longjmp (no system call, unlike
+ * swapcontext's signal mask), announced to AddressSanitizer. */
 
-static void to_scheduler()
+static void asan_start(void **fake, const void *bottom, size_t size)
 {
-#ifdef MS_EMU_UCONTEXT_ONLY
-    setcontext(&g_sched);
-    abort();
-#else
-    _longjmp(g_sched_jb, 1);
+#ifdef MS_EMU_ASAN
+    __sanitizer_start_switch_fiber(fake, bottom, size);
 #endif
 }
 
+static void asan_finish(void *fake, const void **bottom, size_t *size)
+{
+#ifdef MS_EMU_ASAN
+    __sanitizer_finish_switch_fiber(fake, bottom, size);
+#endif
+}
+
+/* The current fiber waits; the scheduler runs. */
 static void yield()
 {
     thread_state *t = g_cur;
-#ifdef MS_EMU_UCONTEXT_ONLY
-    swapcontext(&t->ctx, &g_sched);
-#else
-    if (!_setjmp(t->jb)) _longjmp(g_sched_jb, 1);
-#endif
+    if (!_setjmp(t->jb)) {
+        asan_start(&t->fake, g_sched_bottom, g_sched_size);
+        _longjmp(g_sched_jb, 1);
+    }
+    asan_finish(t->fake, NULL, NULL);
 }
 
-/* Runs t until it waits or ends. */
-static void switch_to(thread_state *t)
+/* A failure: the current fiber is abandoned (restarted when next needed). */
+static void to_scheduler()
 {
-#ifdef MS_EMU_UCONTEXT_ONLY
-    t->started = true;
-    swapcontext(&g_sched, &t->ctx);
-#else
-    if (!_setjmp(g_sched_jb)) {
-        if (!t->started) {
-            t->started = true;
-            setcontext(&t->ctx);
-        }
-        _longjmp(t->jb, 1);
-    }
-#endif
+    g_cur->started = false;
+    asan_start(NULL, g_sched_bottom, g_sched_size);
+    _longjmp(g_sched_jb, 1);
 }
 
 static void fiber_main()
 {
-    g_fn(g_arg);
-    g_cur->st = ST_DONE;
-    to_scheduler();
+    asan_finish(NULL, &g_sched_bottom, &g_sched_size);
+    for (;;) {
+        g_fn(g_arg);
+        g_cur->st = ST_DONE;
+        yield(); /* resumed for the next block */
+    }
+}
+
+/* Runs thread i until it waits or ends its block. */
+static void switch_to(int i)
+{
+    thread_state *t = &g_threads[i];
+    if (!_setjmp(g_sched_jb)) {
+        asan_start(&g_sched_fake, g_stacks[i], STACK_BYTES);
+        if (!t->started) {
+            static ucontext_t from, to;
+            t->started = true;
+            getcontext(&to);
+            to.uc_stack.ss_sp = g_stacks[i];
+            to.uc_stack.ss_size = STACK_BYTES;
+            to.uc_link = NULL; /* fiber_main never returns */
+            makecontext(&to, fiber_main, 0);
+            swapcontext(&from, &to); /* comes back through g_sched_jb */
+        }
+        _longjmp(t->jb, 1);
+    }
+    asan_finish(g_sched_fake, NULL, NULL);
 }
 
 void *dyn_shared() { return g_dyn; }
@@ -221,7 +246,7 @@ static const char *kind_name(char k)
 
 static int warp_lanes(int warp) /* lanes that exist in this warp */
 {
-    int n = (int)g_threads.size() - warp * 32;
+    int n = (int)(size_t)g_nt - warp * 32;
     return n < 32 ? n : 32;
 }
 
@@ -333,12 +358,13 @@ static bool warp_try_complete(int i, std::vector<int> &ready)
 
 static void describe_stuck()
 {
-    for (const thread_state &t : g_threads)
+    for (int i = 0; i < g_nt; i++) {
+        const thread_state &t = g_threads[i];
         if (t.st == ST_WARP) {
             unsigned here = 0;
             for (int l = 0; l < 32; l++) {
                 size_t j = (size_t)t.warp * 32 + l;
-                if (j < g_threads.size() && g_threads[j].st == ST_WARP &&
+                if (j < (size_t)g_nt && g_threads[j].st == ST_WARP &&
                     g_threads[j].line == t.line && g_threads[j].file == t.file)
                     here |= 1u << l;
             }
@@ -346,12 +372,13 @@ static void describe_stuck()
                  kind_name(t.kind), t.file, t.line, t.warp, t.mask, here);
             return;
         }
+    }
     fail("deadlock");
 }
 
 static void run_block()
 {
-    const int nt = (int)g_threads.size();
+    const int nt = g_nt;
     std::vector<int> ready;
     for (int i = 0; i < nt; i++) {
         thread_state &t = g_threads[(size_t)i];
@@ -361,14 +388,8 @@ static void run_block()
         t.lane = i % 32;
         t.warp = i / 32;
         t.st = ST_READY;
-        t.started = false;
         t.file = "";
         t.line = 0;
-        t.ctx = g_start; /* getcontext once per launch: it is a system call */
-        t.ctx.uc_stack.ss_sp = g_stacks[(size_t)i];
-        t.ctx.uc_stack.ss_size = STACK_BYTES;
-        t.ctx.uc_link = NULL; /* fibers never return: to_scheduler */
-        makecontext(&t.ctx, fiber_main, 0);
         ready.push_back(i);
     }
     shuffle(ready);
@@ -413,7 +434,7 @@ static void run_block()
         ready.pop_back();
         g_cur = &g_threads[(size_t)i];
         g_thread_idx = &g_cur->idx;
-        switch_to(g_cur);
+        switch_to(i);
         g_cur = NULL;
         if (g_failing) return;
         if (g_threads[(size_t)i].st == ST_WARP && warp_try_complete(i, ready)) shuffle(ready);
@@ -462,22 +483,18 @@ void launch(const char *name, const void *key, dim3 grid, dim3 block, size_t sme
         g_last_error = e;
         return;
     }
-    if (g_stacks.size() < nt) {
-        size_t have = g_stacks.size();
-        g_stacks.resize(nt);
-        for (size_t i = have; i < nt; i++) {
-            void *p = mmap(NULL, STACK_BYTES, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (p == MAP_FAILED) {
-                fprintf(stderr, "cuda_emu: mmap of a fiber stack failed\n");
-                abort();
-            }
-            mprotect(p, (size_t)sysconf(_SC_PAGESIZE), PROT_NONE); /* overflow guard */
-            g_stacks[i] = (char *)p;
+    for (unsigned long long i = 0; i < nt; i++) {
+        if (g_stacks[i]) continue;
+        void *p = mmap(NULL, STACK_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            fprintf(stderr, "cuda_emu: mmap of a fiber stack failed\n");
+            abort();
         }
+        mprotect(p, (size_t)sysconf(_SC_PAGESIZE), PROT_NONE); /* overflow guard */
+        g_stacks[i] = (char *)p;
     }
-    g_threads.assign(nt, thread_state());
-    getcontext(&g_start);
+    g_nt = (int)nt;
     g_block_dim = block;
     g_grid_dim = grid;
     g_fn = fn;
@@ -500,7 +517,11 @@ void launch(const char *name, const void *key, dim3 grid, dim3 block, size_t sme
     }
     free(g_dyn);
     g_dyn = NULL;
-    if (g_failing) g_last_error = cudaErrorLaunchFailure;
+    if (g_failing) {
+        g_last_error = cudaErrorLaunchFailure;
+        /* the block's fibers stopped inside the kernel: start them afresh */
+        for (int i = 0; i < g_nt; i++) g_threads[i].started = false;
+    }
 }
 
 } // namespace ms_emu
