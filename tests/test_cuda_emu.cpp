@@ -173,6 +173,33 @@ START_TEST(test_layer_warp_masks)
 }
 END_TEST
 
+/* Lanes below `active` exchange through shared memory, synchronised by
+ * __syncwarp(mask) when sync is set. */
+__global__ void toy_syncwarp_kernel(int *out, unsigned mask, int active, int sync)
+{
+    __shared__ int s[32];
+    const int lane = threadIdx.x;
+    if (lane < active) {
+        s[lane] = lane;
+        if (sync) __syncwarp(mask);
+        out[lane] = s[(lane + 1) % active];
+    }
+}
+
+START_TEST(test_layer_syncwarp)
+{
+    std::vector<int> out(32);
+    MS_LAUNCH(toy_syncwarp_kernel, 1, 32, 0, 0)(out.data(), 0xFFFFFFFFu, 32, 1);
+    expect_success();
+    for (int l = 0; l < 32; l++) ck_assert_int_eq(out[l], (l + 1) % 32);
+    MS_LAUNCH(toy_syncwarp_kernel, 1, 32, 0, 0)(out.data(), 0xFFFFFFFFu, 32, 0);
+    expect_success();
+    ck_assert_msg(std::count(out.begin(), out.end(), -1) > 0, "missing __syncwarp unnoticed");
+    MS_LAUNCH(toy_syncwarp_kernel, 1, 32, 0, 0)(out.data(), 0xFFFFFFFFu, 20, 1);
+    expect_failure(cudaErrorLaunchFailure, "lane 20 has exited without arriving");
+}
+END_TEST
+
 /* out[t] = the shuffles of t through lanes: down 3, xor 5, index 7, up 2. */
 __global__ void toy_shuffle_kernel(int *out /* (threads, 4) */, unsigned mask)
 {
@@ -649,6 +676,7 @@ int main(void)
     tcase_add_test(tl, test_layer_missing_barrier);
     tcase_add_test(tl, test_layer_warp_masks);
     tcase_add_test(tl, test_layer_shuffles);
+    tcase_add_test(tl, test_layer_syncwarp);
     tcase_add_test(tl, test_layer_divergent_barriers);
     tcase_add_test(tl, test_layer_random_order);
     tcase_add_test(tl, test_layer_launch_limits);

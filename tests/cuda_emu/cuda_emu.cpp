@@ -240,6 +240,7 @@ static const char *kind_name(char k)
     case 'd': return "__shfl_down_sync";
     case 'u': return "__shfl_up_sync";
     case 'x': return "__shfl_xor_sync";
+    case 's': return "__syncwarp";
     default: return "__shfl_sync";
     }
 }
@@ -340,6 +341,7 @@ static bool warp_try_complete(int i, std::vector<int> &ready)
         case 'b': o.result = ballot; break;
         case 'a': o.result = ballot != 0; break;
         case 'l': o.result = ballot == t.mask; break;
+        case 's': o.result = 0; break;
         default: {
             int s = shfl_src(o);
             if (s >= 0 && !(t.mask >> s & 1u)) {
@@ -356,24 +358,14 @@ static bool warp_try_complete(int i, std::vector<int> &ready)
     return true;
 }
 
+/* Nothing can run and some lanes wait at a warp collective: say why (a lane
+ * of the mask exited, waits at a barrier or at another collective). */
 static void describe_stuck()
 {
-    for (int i = 0; i < g_nt; i++) {
-        const thread_state &t = g_threads[i];
-        if (t.st == ST_WARP) {
-            unsigned here = 0;
-            for (int l = 0; l < 32; l++) {
-                size_t j = (size_t)t.warp * 32 + l;
-                if (j < (size_t)g_nt && g_threads[j].st == ST_WARP &&
-                    g_threads[j].line == t.line && g_threads[j].file == t.file)
-                    here |= 1u << l;
-            }
-            fail("deadlock: %s at %s:%d in warp %d waits for mask %08x, lanes there: %08x",
-                 kind_name(t.kind), t.file, t.line, t.warp, t.mask, here);
-            return;
-        }
-    }
-    fail("deadlock");
+    std::vector<int> none;
+    for (int i = 0; i < g_nt && !g_failing; i++)
+        if (g_threads[i].st == ST_WARP) warp_try_complete(i, none);
+    if (!g_failing) fail("deadlock");
 }
 
 static void run_block()

@@ -94,7 +94,7 @@ void *dyn_shared();
 void syncthreads(const char *file, int line);
 /* A warp collective: waits for the lanes in mask, returns this lane's
  * result. kind: 'b' ballot, 'a' any, 'l' all, 'd' shfl_down, 'x' shfl_xor,
- * 'i' shfl (index), 'u' shfl_up. */
+ * 'i' shfl (index), 'u' shfl_up, 's' syncwarp. */
 uint64_t warp_op(char kind, unsigned mask, uint64_t value, int param, int width,
                  const char *file, int line);
 unsigned active_mask();
@@ -178,6 +178,8 @@ T from_bits(uint64_t u)
     ((unsigned)ms_emu::warp_op('b', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
 #define __any_sync(mask, pred) ((int)ms_emu::warp_op('a', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
 #define __all_sync(mask, pred) ((int)ms_emu::warp_op('l', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
+#define __syncwarp(...) ((void)ms_emu::warp_op('s', MS_EMU_SYNCWARP_MASK(__VA_ARGS__ + 0), 0, 0, 32, __FILE__, __LINE__))
+#define MS_EMU_SYNCWARP_MASK(m) ((m) ? (unsigned)(m) : 0xFFFFFFFFu)
 #define __activemask() ms_emu::active_mask()
 #define MS_EMU_SHFL(kind, mask, v, p, w)                                                        \
     ms_emu::from_bits<typename std::decay<decltype(v)>::type>(                                                             \
