@@ -345,7 +345,8 @@ START_TEST(test_emu_elementwise)
     {
         const int h = 5, w = 7, hp = 8, wp = 9;
         const float mean[3] = {0.4f, 0.5f, 0.6f}, stdv[3] = {0.2f, 0.25f, 0.3f};
-        auto in = randv((size_t)3 * h * w, 7, 0.0f, 1.0f), got = nans((size_t)3 * hp * wp), ref = got;
+        auto in = randv((size_t)3 * h * w, 7, 0.0f, 1.0f);
+        auto got = nans((size_t)3 * hp * wp), ref = got;
         ok(normalize_pad_cuda(&be, got.data(), in.data(), h, w, hp, wp, mean, stdv),
            "normalize_pad_cuda");
         normalize_pad_cpu(ref.data(), in.data(), h, w, hp, wp, mean, stdv);
@@ -598,8 +599,9 @@ static void run_mita(const mita_case &t, size_t smem_optin, size_t routed_smem =
              cwsa, 1);
 
     for (size_t i = 0; i < idx.size(); i++)
-        ck_assert_msg(idx[i] == ridx[i], "%s: routed set entry %zu (head %zu, expert %zu): %d vs %d",
-                      what, i, i / ((size_t)m * k), i / k % m, idx[i], ridx[i]);
+        ck_assert_msg(idx[i] == ridx[i],
+                      "%s: routed set entry %zu (head %zu, expert %zu): %d vs %d", what, i,
+                      i / ((size_t)m * k), i / k % m, idx[i], ridx[i]);
     for (size_t i = 0; i < route.size(); i++)
         ck_assert_msg(route[i] == rroute[i], "%s: route of query %zu: %d vs %d", what, i,
                       route[i], rroute[i]);

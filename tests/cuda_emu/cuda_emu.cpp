@@ -711,8 +711,10 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta
             for (int i = 0; i < m; i++) {
                 float acc = 0.0f;
                 for (int p = 0; p < k; p++) {
-                    long long ia = ta == CUBLAS_OP_N ? i + (long long)p * lda : p + (long long)i * lda;
-                    long long ib = tb == CUBLAS_OP_N ? p + (long long)j * ldb : j + (long long)p * ldb;
+                    long long ia =
+                        ta == CUBLAS_OP_N ? i + (long long)p * lda : p + (long long)i * lda;
+                    long long ib =
+                        tb == CUBLAS_OP_N ? p + (long long)j * ldb : j + (long long)p * ldb;
                     acc += load(a, at, q * sa + ia, r16) * load(b, bt, q * sb + ib, r16);
                 }
                 float *cp = (float *)c + q * sc + i + (long long)j * ldc;

@@ -176,13 +176,17 @@ T from_bits(uint64_t u)
 #define __syncthreads() ms_emu::syncthreads(__FILE__, __LINE__)
 #define __ballot_sync(mask, pred) \
     ((unsigned)ms_emu::warp_op('b', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
-#define __any_sync(mask, pred) ((int)ms_emu::warp_op('a', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
-#define __all_sync(mask, pred) ((int)ms_emu::warp_op('l', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
-#define __syncwarp(...) ((void)ms_emu::warp_op('s', MS_EMU_SYNCWARP_MASK(__VA_ARGS__ + 0), 0, 0, 32, __FILE__, __LINE__))
+#define __any_sync(mask, pred) \
+    ((int)ms_emu::warp_op('a', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
+#define __all_sync(mask, pred) \
+    ((int)ms_emu::warp_op('l', (mask), (pred) != 0, 0, 32, __FILE__, __LINE__))
+#define __syncwarp(...)                                                                         \
+    ((void)ms_emu::warp_op('s', MS_EMU_SYNCWARP_MASK(__VA_ARGS__ + 0), 0, 0, 32, __FILE__, \
+                           __LINE__))
 #define MS_EMU_SYNCWARP_MASK(m) ((m) ? (unsigned)(m) : 0xFFFFFFFFu)
 #define __activemask() ms_emu::active_mask()
 #define MS_EMU_SHFL(kind, mask, v, p, w)                                                        \
-    ms_emu::from_bits<typename std::decay<decltype(v)>::type>(                                                             \
+    ms_emu::from_bits<typename std::decay<decltype(v)>::type>(                                  \
         ms_emu::warp_op(kind, (mask), ms_emu::to_bits(v), (int)(p), (w), __FILE__, __LINE__))
 #define MS_EMU_SHFL_W(kind, mask, v, p, w, ...) MS_EMU_SHFL(kind, mask, v, p, w)
 #define __shfl_down_sync(mask, ...) MS_EMU_SHFL_W('d', mask, __VA_ARGS__, 32, 0)
@@ -235,7 +239,10 @@ static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 static inline int __ffs(int x) { return __builtin_ffs(x); }
 static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
-static inline unsigned __float_as_uint(float x) { return ms_emu::from_bits<unsigned>(ms_emu::to_bits(x)); }
+static inline unsigned __float_as_uint(float x)
+{
+    return ms_emu::from_bits<unsigned>(ms_emu::to_bits(x));
+}
 static inline float __uint_as_float(unsigned x) { return ms_emu::from_bits<float>(x); }
 /* __expf, __logf: glibc's (the same functions as expf, logf) */
 static inline float __fdividef(float a, float b) { return a / b; }
