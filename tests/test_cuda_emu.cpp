@@ -200,27 +200,32 @@ START_TEST(test_layer_syncwarp)
 }
 END_TEST
 
-/* out[t] = the shuffles of t through lanes: down 3, xor 5, index 7, up 2. */
-__global__ void toy_shuffle_kernel(int *out /* (threads, 4) */, unsigned mask)
+/* out[t] = the shuffles of t through lanes: down 3, xor 5, index 7, up 2
+ * (width 16); votes: any lane 5, all lanes below 40 (thread index). */
+__global__ void toy_shuffle_kernel(int *out /* (threads, 6) */, unsigned mask)
 {
     const int t = threadIdx.x;
-    out[4 * t] = __shfl_down_sync(mask, t, 3);
-    out[4 * t + 1] = __shfl_xor_sync(mask, t, 5);
-    out[4 * t + 2] = __shfl_sync(mask, t, 7);
-    out[4 * t + 3] = __shfl_up_sync(mask, t, 2, 16);
+    out[6 * t] = __shfl_down_sync(mask, t, 3);
+    out[6 * t + 1] = __shfl_xor_sync(mask, t, 5);
+    out[6 * t + 2] = __shfl_sync(mask, t, 7);
+    out[6 * t + 3] = __shfl_up_sync(mask, t, 2, 16);
+    out[6 * t + 4] = __any_sync(mask, (t & 31) == 5);
+    out[6 * t + 5] = __all_sync(mask, t < 40);
 }
 
 START_TEST(test_layer_shuffles)
 {
-    std::vector<int> out(4 * 64);
+    std::vector<int> out(6 * 64);
     MS_LAUNCH(toy_shuffle_kernel, 1, 64, 0, 0)(out.data(), 0xFFFFFFFFu);
     expect_success();
     for (int t = 0; t < 64; t++) {
         int lane = t & 31, w = t - lane;
-        ck_assert_int_eq(out[4 * t], lane + 3 < 32 ? t + 3 : t);
-        ck_assert_int_eq(out[4 * t + 1], w + (lane ^ 5));
-        ck_assert_int_eq(out[4 * t + 2], w + 7);
-        ck_assert_int_eq(out[4 * t + 3], lane % 16 >= 2 ? t - 2 : t);
+        ck_assert_int_eq(out[6 * t], lane + 3 < 32 ? t + 3 : t);
+        ck_assert_int_eq(out[6 * t + 1], w + (lane ^ 5));
+        ck_assert_int_eq(out[6 * t + 2], w + 7);
+        ck_assert_int_eq(out[6 * t + 3], lane % 16 >= 2 ? t - 2 : t);
+        ck_assert_int_eq(out[6 * t + 4], 1);
+        ck_assert_int_eq(out[6 * t + 5], t < 32);
     }
 }
 END_TEST

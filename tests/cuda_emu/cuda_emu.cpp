@@ -277,16 +277,6 @@ uint64_t warp_op(char kind, unsigned mask, uint64_t value, int param, int width,
     return t->result;
 }
 
-unsigned active_mask()
-{
-    /* the lanes of this warp that have not exited */
-    unsigned m = 0;
-    int w = g_cur->warp;
-    for (int l = 0; l < warp_lanes(w); l++)
-        if (g_threads[(size_t)w * 32 + l].st != ST_DONE) m |= 1u << l;
-    return m;
-}
-
 /* Source lane of a shuffle, or -1 for "own value". */
 static int shfl_src(const thread_state &t)
 {

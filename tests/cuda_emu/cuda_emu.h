@@ -97,7 +97,6 @@ void syncthreads(const char *file, int line);
  * 'i' shfl (index), 'u' shfl_up, 's' syncwarp. */
 uint64_t warp_op(char kind, unsigned mask, uint64_t value, int param, int width,
                  const char *file, int line);
-unsigned active_mask();
 /* Runs every block of the grid; fn(arg) is one thread. */
 void launch(const char *name, const void *key, dim3 grid, dim3 block, size_t smem,
             void (*fn)(void *), void *arg);
@@ -184,7 +183,6 @@ T from_bits(uint64_t u)
     ((void)ms_emu::warp_op('s', MS_EMU_SYNCWARP_MASK(__VA_ARGS__ + 0), 0, 0, 32, __FILE__, \
                            __LINE__))
 #define MS_EMU_SYNCWARP_MASK(m) ((m) ? (unsigned)(m) : 0xFFFFFFFFu)
-#define __activemask() ms_emu::active_mask()
 #define MS_EMU_SHFL(kind, mask, v, p, w)                                                        \
     ms_emu::from_bits<typename std::decay<decltype(v)>::type>(                                  \
         ms_emu::warp_op(kind, (mask), ms_emu::to_bits(v), (int)(p), (w), __FILE__, __LINE__))
@@ -197,7 +195,8 @@ T from_bits(uint64_t u)
 static inline void __threadfence_block() {}
 static inline void __threadfence() {}
 
-/* ---- atomics (fibers never switch inside one: each is atomic) ---- */
+/* ---- atomics (fibers never switch inside one: each is atomic); only what
+ * the kernels use, as the intrinsics below ---- */
 template <class T>
 static inline T atomicAdd(T *p, T v)
 {
@@ -205,48 +204,14 @@ static inline T atomicAdd(T *p, T v)
     *p = old + v;
     return old;
 }
-template <class T>
-static inline T atomicMax(T *p, T v)
-{
-    T old = *p;
-    if (v > old) *p = v;
-    return old;
-}
-template <class T>
-static inline T atomicMin(T *p, T v)
-{
-    T old = *p;
-    if (v < old) *p = v;
-    return old;
-}
-template <class T>
-static inline T atomicExch(T *p, T v)
-{
-    T old = *p;
-    *p = v;
-    return old;
-}
-template <class T>
-static inline T atomicCAS(T *p, T cmp, T v)
-{
-    T old = *p;
-    if (old == cmp) *p = v;
-    return old;
-}
 
 /* ---- integer and float intrinsics ---- */
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
-static inline int __ffs(int x) { return __builtin_ffs(x); }
-static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 static inline unsigned __float_as_uint(float x)
 {
     return ms_emu::from_bits<unsigned>(ms_emu::to_bits(x));
 }
-static inline float __uint_as_float(unsigned x) { return ms_emu::from_bits<float>(x); }
 /* __expf, __logf: glibc's (the same functions as expf, logf) */
-static inline float __fdividef(float a, float b) { return a / b; }
-static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
