@@ -10,6 +10,7 @@ int cmd_info(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_view(int argc, char **argv);
 int cmd_render(int argc, char **argv);
+int cmd_doctor(int argc, char **argv);
 
 /* Options every engine-running command accepts. */
 typedef struct {
@@ -27,6 +28,9 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i);
 extern const char cli_engine_help[];
 /* The model path to use: a->model, else $MITASEG_MODEL, else the shipped one. */
 const char *cli_model_path(const cli_engine_args *a);
+/* assets/<name> next to the executable's tree (installed or build dir) if
+ * readable, else in the source tree; written into buf (n bytes). */
+const char *cli_asset_path(char *buf, size_t n, const char *name);
 /* Opens the engine; prints the error (and the auto fallback line) itself.
  * Returns 0 on success. */
 int cli_open_engine(ms_engine **e, const cli_engine_args *a, bool quiet);

@@ -112,21 +112,25 @@ const char *cli_model_path(const cli_engine_args *a)
     if (a->model) return a->model;
     const char *env = getenv("MITASEG_MODEL");
     if (env && *env) return env;
+    return cli_asset_path(buf, sizeof buf, "models/camvid-mita.safetensors");
+}
+
+const char *cli_asset_path(char *buf, size_t n, const char *name)
+{
     /* Next to the executable's tree first (installed or build dir), then the
      * source tree it was built from. */
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(buf, sizeof buf, "%.*s/../assets/models/camvid-mita.safetensors",
-                     (int)(sizeof buf - 64), exe);
+            snprintf(buf, n, "%.*s/../assets/%s", (int)(n > 128 ? n - 128 : 0), exe, name);
             if (access(buf, R_OK) == 0) return buf;
         }
     }
-    snprintf(buf, sizeof buf, "%s/assets/models/camvid-mita.safetensors", MS_SOURCE_DIR);
+    snprintf(buf, n, "%s/assets/%s", MS_SOURCE_DIR, name);
     return buf;
 }
 

@@ -3,6 +3,7 @@
  * and runs preprocess -> ViT -> neck -> UperHead -> logits -> mask
  * (mita-spec 1-4) on a batch of same-size images. */
 #include "engine.h"
+#include "selftest.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -293,9 +294,21 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
 {
     e->device = MS_DEV_CPU;
     snprintf(e->device_name, sizeof e->device_name, "CPU (%d threads)", e->be.threads);
-    if (opt->device == MS_DEV_CPU) return MS_OK;
+    if (opt->device == MS_DEV_CPU) {
+        e->be.tc_round = opt->tc_round;
+        return MS_OK;
+    }
 #ifdef MS_HAVE_CUDA
     ms_status st = cuda_ctx_init(&e->cu, opt->device_index);
+    /* auto never picks a GPU that fails its self-test (run once per process) */
+    char why[256];
+    if (st == MS_OK && opt->device == MS_DEV_AUTO &&
+        !selftest_cuda_usable(e->cu, opt->device_index, why, sizeof why)) {
+        st = ms_error(MS_ERR_UNSUPPORTED, "%s failed its self-test (mitaseg doctor): %s",
+                      cuda_ctx_name(e->cu), why);
+        cuda_ctx_free(e->cu);
+        e->cu = NULL;
+    }
     if (st == MS_OK) {
         e->device = MS_DEV_CUDA;
         e->be.device = MS_DEVICE_CUDA;

@@ -14,6 +14,8 @@ typedef struct {
     ms_device_choice device;
     int threads;        /* 0: all cores */
     bool fp32;          /* CUDA: FP32 GEMMs */
+    bool tc_round;      /* CPU: round GEMM operands as CUDA's tensor-core mode
+                         * does (ms_backend.tc_round; verification only) */
     int device_index;   /* CUDA: which GPU (0-based, counted within
                          * CUDA_VISIBLE_DEVICES); 0 when unset */
 } ms_engine_options;

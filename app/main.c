@@ -16,6 +16,7 @@ static const char usage[] =
     "  eval --list FILE        mIoU against labels\n"
     "  render IMAGE -o OUT.png draw one viewer view headless\n"
     "  info [MODEL]            print a model's config and tensor table\n"
+    "  doctor                  check this machine: CPU, GPUs, and a self-test of every op\n"
     "\n"
     "`mitaseg <command> --help` describes each command.\n";
 
@@ -42,6 +43,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "segment")) return cmd_segment(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "doctor")) return cmd_doctor(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "view")) return cmd_view(argc - 1, argv + 1);
     if (!strcmp(cmd, "render")) return cmd_render(argc - 1, argv + 1);

@@ -116,6 +116,9 @@ static inline ms_cuda_ctx *cuda_ctx_of(const ms_backend *be)
 
 /* Blocks for n items at `threads` per block, capped so the grid stays legal;
  * kernels use grid-stride loops. */
+/* Byte counts rounded up to the arenas' 256-byte alignment. */
+static inline size_t cuda_align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
 static inline unsigned cuda_blocks(size_t n, unsigned threads)
 {
     size_t b = (n + threads - 1) / threads;

@@ -20,12 +20,10 @@ static cublasComputeType_t gemm_compute(bool fp32)
 /* Operand type of the linear GEMM: FP32 in FP32 mode, else BF16 bits. */
 static cudaDataType_t linear_operand_type(bool fp32) { return fp32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-static size_t align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
-
 extern "C" size_t linear_cuda_scratch_bytes(int n, int cin, bool fp32)
 {
     if (fp32 || n <= 0 || cin <= 0) return 0;
-    return align256((size_t)n * (size_t)cin * sizeof(uint16_t));
+    return cuda_align256((size_t)n * (size_t)cin * sizeof(uint16_t));
 }
 
 __global__ void f32_to_bf16_kernel(uint16_t *out, const float *in, long long total)
@@ -95,7 +93,7 @@ static ms_status bf16_weight_get(ms_cuda_ctx *cu, const uint16_t **out, const fl
     }
     long long total = (long long)rows * cols;
     uint8_t *dev = NULL;
-    MS_TRY(cuda_arena_alloc_storage(&dev, align256((size_t)total * sizeof(uint16_t))));
+    MS_TRY(cuda_arena_alloc_storage(&dev, cuda_align256((size_t)total * sizeof(uint16_t))));
     /* enqueued after whatever wrote w on this stream (the weight upload) */
     ms_status st = f32_to_bf16(cu, (uint16_t *)dev, w, total);
     if (st != MS_OK) {

@@ -35,27 +35,25 @@ struct mita_layout {
     size_t total;
 };
 
-static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
-
 static mita_layout mita_plan(int n, int c, int heads, int m, int k)
 {
     mita_layout L;
     size_t o = 0;
     size_t hm = (size_t)heads * m, hn = (size_t)heads * n;
-    L.land = o;    o += al256((size_t)m * c * sizeof(float));
-    L.probe = o;   o += al256(hm * n * sizeof(float));
-    L.route_s = o; o += al256(hn * m * sizeof(float));
-    L.sv = o;      o += al256((size_t)m * c * sizeof(float));
-    L.idx = o;     o += al256(hm * k * sizeof(int32_t));
-    L.route = o;   o += al256(hn * sizeof(int32_t));
-    L.counts = o;  o += al256(hm * sizeof(int));
-    L.cursor = o;  o += al256(hm * sizeof(int));
-    L.starts = o;  o += al256(hm * sizeof(int));
-    L.chunks = o;  o += al256((hm + 1) * sizeof(int));
-    L.order = o;   o += al256(hn * sizeof(int));
-    L.cand = o;    o += k > MS_TOPK_SMEM ? al256(hm * k * sizeof(uint64_t)) : 0;
+    L.land = o;    o += cuda_align256((size_t)m * c * sizeof(float));
+    L.probe = o;   o += cuda_align256(hm * n * sizeof(float));
+    L.route_s = o; o += cuda_align256(hn * m * sizeof(float));
+    L.sv = o;      o += cuda_align256((size_t)m * c * sizeof(float));
+    L.idx = o;     o += cuda_align256(hm * k * sizeof(int32_t));
+    L.route = o;   o += cuda_align256(hn * sizeof(int32_t));
+    L.counts = o;  o += cuda_align256(hm * sizeof(int));
+    L.cursor = o;  o += cuda_align256(hm * sizeof(int));
+    L.starts = o;  o += cuda_align256(hm * sizeof(int));
+    L.chunks = o;  o += cuda_align256((hm + 1) * sizeof(int));
+    L.order = o;   o += cuda_align256(hn * sizeof(int));
+    L.cand = o;    o += k > MS_TOPK_SMEM ? cuda_align256(hm * k * sizeof(uint64_t)) : 0;
     size_t nch = ((size_t)n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
-    L.part = o;    o += nch > 1 ? al256(hm * nch * (c / heads) * sizeof(float)) : 0;
+    L.part = o;    o += nch > 1 ? cuda_align256(hm * nch * (c / heads) * sizeof(float)) : 0;
     L.total = o;
     return L;
 }
@@ -315,7 +313,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
     float mx, l;
     osm_init(&mx, &l, acc, d);
     if (qi >= 0) {
-        const float *qr = qkv + (size_t)qi * c3 + (size_t)h * d;
+        const float *qr = qkv + mita_qkv_index(qi, (int)c3, (long)h * d);
         MS_UNROLL
         for (int i = 0; i < d; i++) q[i] = qr[i];
     }
@@ -337,7 +335,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
         __syncthreads(); /* the previous tile is consumed */
         for (int i = tid; i < nt * d; i += blockDim.x) {
             int j = i / d, ch = i - j * d;
-            const float *row = qkv + (size_t)ids[t0 + j] * c3 + (size_t)h * d + ch;
+            const float *row = qkv + mita_qkv_index(ids[t0 + j], (int)c3, (long)h * d + ch);
             ks[i] = row[c];
             vs[i] = row[2 * (size_t)c];
         }
@@ -405,7 +403,10 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
                         heads, m, k);
     if (d > MS_MITA_DMAX)
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: head dim %d > %d", d, MS_MITA_DMAX);
-    if ((size_t)n * 3 * c > (size_t)INT32_MAX || (size_t)heads * m * n > ((size_t)1 << 40))
+    /* Indexing is 64-bit (mita_qkv_index, size_t offsets, cuBLAS strides as
+     * long long), so n * 3c may pass 2^31; what stays bounded is the M x N
+     * probe and routing matrices per head. */
+    if ((size_t)heads * m * n > ((size_t)1 << 40))
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: n=%d too large", n);
 
     /* Routed tile: as many keys (up to 64) as fit next to the summaries in

@@ -416,34 +416,45 @@ END_TEST
 
 /* ---- convolution epilogues, linear ---- */
 
-static float bf16_round(float x)
-{
-    uint32_t u = (uint32_t)bf16_from_f32(x) << 16;
-    float y;
-    memcpy(&y, &u, 4);
-    return y;
-}
-
 START_TEST(test_emu_conv)
 {
-    ms_backend be = emu_backend(true);
     const int ci = 5, h = 3, wd = 4, co = 6;
     auto in = randv((size_t)ci * h * wd, 12), w = randv((size_t)ci * co * 4, 13),
          b = randv(co, 14);
-    std::vector<float> g(conv_transpose2x2_cuda_scratch_bytes(ci, h, wd, co) / sizeof(float));
+    /* the reference outside FP32 mode: the CPU op on BF16-rounded operands
+     * (as the CPU's tc_round) */
+    std::vector<float> in16(in.size()), w16(w.size());
+    for (size_t i = 0; i < in.size(); i++) in16[i] = bf16_round(in[i]);
+    for (size_t i = 0; i < w.size(); i++) w16[i] = bf16_round(w[i]);
     std::vector<float> cws(conv_transpose2x2_scratch_floats(ci, h, wd, co));
     const ms_act acts[] = {MS_ACT_NONE, MS_ACT_RELU, MS_ACT_GELU};
-    for (ms_act act : acts)
-        for (int with_b = 0; with_b < 2; with_b++) {
-            const float *bp = with_b ? b.data() : NULL;
-            auto got = nans((size_t)co * 4 * h * wd), ref = got;
-            ok(conv_transpose2x2_cuda(&be, got.data(), in.data(), w.data(), bp, ci, h, wd, co, act,
-                                      g.data()),
-               "conv_transpose2x2_cuda");
-            conv_transpose2x2_cpu(ref.data(), in.data(), w.data(), bp, ci, h, wd, co, act,
-                                  cws.data(), cws.size());
-            check_close(got, ref, 1e-6, "conv_transpose2x2"); /* 5-term sums */
-        }
+    for (int fp32 = 0; fp32 < 2; fp32++) {
+        ms_backend be = emu_backend(fp32 != 0);
+        std::vector<float> g(
+            conv_transpose2x2_cuda_scratch_bytes(ci, h, wd, co, fp32 != 0) / sizeof(float) + 64);
+        float *ga = (float *)(((uintptr_t)g.data() + 255) & ~(uintptr_t)255);
+        for (ms_act act : acts)
+            for (int with_b = 0; with_b < 2; with_b++) {
+                const float *bp = with_b ? b.data() : NULL;
+                auto got = nans((size_t)co * 4 * h * wd), ref = got;
+                ok(conv_transpose2x2_cuda(&be, got.data(), in.data(), w.data(), bp, ci, h, wd, co,
+                                          act, ga),
+                   "conv_transpose2x2_cuda");
+                conv_transpose2x2_cpu(ref.data(), fp32 ? in.data() : in16.data(),
+                                      fp32 ? w.data() : w16.data(), bp, ci, h, wd, co, act,
+                                      cws.data(), cws.size());
+                check_close(got, ref, 1e-6, "conv_transpose2x2"); /* 5-term sums */
+            }
+    }
+    /* conv2d's TF32 operand copies (cuDNN itself is not emulated) */
+    {
+        auto x = randv(1000, 16, -1e3f, 1e3f), got = nans(x.size()), ref = x;
+        MS_LAUNCH(round_operand_kernel, cuda_blocks(x.size(), CV_THREADS), CV_THREADS, 0,
+                  0)(got.data(), x.data(), (long long)x.size(), 0);
+        expect_success();
+        for (float &v : ref) v = tf32_round(v);
+        check_equal(got, ref, "round_operand tf32");
+    }
     /* conv2d's bias + activation kernel after cuDNN (cuDNN itself is not
      * emulated): out = act(x + b[channel]) */
     const long long plane = 7 * 5;

@@ -653,6 +653,15 @@ const char *cublasGetStatusString(cublasStatus_t s)
     }
 }
 
+/* The emulation calls itself cuBLAS 13.0.0 and cuDNN 9.0.0. */
+cublasStatus_t cublasGetProperty(libraryPropertyType t, int *v)
+{
+    *v = t == MAJOR_VERSION ? 13 : 0;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+size_t cudnnGetVersion() { return CUDNN_VERSION; }
+
 static float bf16_round(float x) /* round to nearest even, as the tensor cores' inputs */
 {
     uint32_t u;

@@ -261,6 +261,8 @@ cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
 const char *cublasGetStatusString(cublasStatus_t s);
+typedef enum { MAJOR_VERSION = 0, MINOR_VERSION = 1, PATCH_LEVEL = 2 } libraryPropertyType;
+cublasStatus_t cublasGetProperty(libraryPropertyType t, int *v);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                             int n, int k, const void *alpha, const void *a, cudaDataType_t at,
                             int lda, const void *b, cudaDataType_t bt, int ldb, const void *beta,
@@ -335,6 +337,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
 
 /* ---- cuDNN: a handle; every convolution call is "not supported" ---- */
 #define CUDNN_MAJOR 9
+#define CUDNN_VERSION 90000
+size_t cudnnGetVersion();
 typedef struct ms_emu_dnn *cudnnHandle_t;
 typedef struct ms_emu_dnn_desc *cudnnTensorDescriptor_t, *cudnnFilterDescriptor_t,
     *cudnnConvolutionDescriptor_t, *cudnnActivationDescriptor_t;
@@ -356,7 +360,13 @@ typedef enum {
 } cudnnMathType_t;
 typedef enum { CUDNN_ACTIVATION_RELU = 1 } cudnnActivationMode_t;
 typedef enum { CUDNN_NOT_PROPAGATE_NAN = 0 } cudnnNanPropagation_t;
-typedef enum { CUDNN_CONVOLUTION_FWD_ALGO_COUNT = 8 } cudnnConvolutionFwdAlgo_t;
+typedef enum {
+    CUDNN_CONVOLUTION_FWD_ALGO_FFT = 4,
+    CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING = 5,
+    CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD = 6,
+    CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED = 7,
+    CUDNN_CONVOLUTION_FWD_ALGO_COUNT = 8,
+} cudnnConvolutionFwdAlgo_t;
 typedef struct {
     cudnnConvolutionFwdAlgo_t algo;
     cudnnStatus_t status;
