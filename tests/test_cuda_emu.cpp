@@ -299,6 +299,58 @@ START_TEST(test_layer_launch_limits)
 }
 END_TEST
 
+/* ---- grid-stride loops ---- */
+
+/* The element kernels loop when the grid (capped by cuda_blocks) has fewer
+ * threads than items: launched here with 3 blocks of 32 threads. */
+START_TEST(test_emu_grid_stride)
+{
+    {
+        const size_t n = 1001;
+        auto a = randv(n, 30), b = randv(n, 31), got = nans(n), ref = nans(n);
+        MS_LAUNCH(add_kernel, 3, 32, 0, 0)(got.data(), a.data(), b.data(), n);
+        expect_success();
+        add_cpu(ref.data(), a.data(), b.data(), n);
+        check_equal(got, ref, "add_kernel, 96 threads");
+    }
+    {
+        const int c = 2, h = 9, w = 7, ho = 13, wo = 11;
+        auto in = randv((size_t)c * h * w, 32), got = nans((size_t)c * ho * wo), ref = got;
+        MS_LAUNCH(resize_kernel<true>, 3, 32, 0, 0)(got.data(), in.data(), h, w, ho, wo,
+            resize_ratio(h, ho, 0.0), resize_ratio(w, wo, 0.0), (long long)c * ho * wo);
+        expect_success();
+        resize_bicubic_cpu(ref.data(), in.data(), c, h, w, ho, wo);
+        check_close(got, ref, 1e-6, "resize_kernel, 96 threads");
+    }
+    {
+        const int heads = 2, chunks = 3, md = 70;
+        auto part = randv((size_t)heads * chunks * md, 33), got = nans((size_t)heads * md);
+        MS_LAUNCH(sv_reduce_kernel, 3, 32, 0, 0)(got.data(), part.data(), heads, chunks, md);
+        expect_success();
+        for (int h = 0; h < heads; h++)
+            for (int r = 0; r < md; r++) {
+                float a = 0.0f;
+                for (int ch = 0; ch < chunks; ch++) a += part[((size_t)h * chunks + ch) * md + r];
+                ck_assert_float_eq(got[(size_t)h * md + r], a);
+            }
+    }
+    {
+        const int heads = 2, n = 150, m = 5;
+        auto rs = dyadic((size_t)heads * n * m, 34, 1); /* ties */
+        std::vector<int32_t> route((size_t)heads * n, -7);
+        std::vector<int> counts((size_t)heads * m, 0), ref((size_t)heads * m, 0);
+        MS_LAUNCH(route_kernel, 3, 32, 0, 0)(route.data(), counts.data(), rs.data(), heads, n, m);
+        expect_success();
+        for (int t = 0; t < heads * n; t++) {
+            int e = argmax_first(rs.data() + (size_t)t * m, m, 1);
+            ck_assert_int_eq(route[t], e);
+            ref[(size_t)(t / n) * m + e]++;
+        }
+        ck_assert_mem_eq(counts.data(), ref.data(), ref.size() * sizeof(int));
+    }
+}
+END_TEST
+
 /* ---- memory-bound ops ---- */
 
 START_TEST(test_emu_elementwise)
@@ -711,6 +763,7 @@ int main(void)
     suite_add_tcase(s, tl);
     TCase *tk = tcase_create("kernels");
     tcase_set_timeout(tk, 300); /* the sanitizer build on a loaded machine */
+    tcase_add_test(tk, test_emu_grid_stride);
     tcase_add_test(tk, test_emu_elementwise);
     tcase_add_test(tk, test_emu_layernorm);
     tcase_add_test(tk, test_emu_pool_resize);
