@@ -3,6 +3,9 @@
 #ifndef MS_CLI_H
 #define MS_CLI_H
 
+#include <signal.h>
+#include <stdio.h>
+
 #include "engine.h"
 
 int cmd_segment(int argc, char **argv);
@@ -36,7 +39,24 @@ const char *cli_asset_path(char *buf, size_t n, const char *name);
 int cli_open_engine(ms_engine **e, const cli_engine_args *a, bool quiet);
 /* Monotonic clock in seconds, for timings and progress. */
 double cli_now_s(void);
-/* Prints "mitaseg: <message>" to stderr. */
+/* Prints "mitaseg: <message>" to stderr, control characters escaped. */
 void cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* fputs with control characters (C0, DEL, C1) written as \n, \t, \xHH, so
+ * a file name cannot move the cursor or recolour the terminal. */
+void cli_fputs_escaped(const char *s, FILE *f);
+
+/* Interrupts (SIGINT, SIGTERM, SIGHUP): every command ends within a second
+ * with exit 128 + the signal (130, 143, 129), after removing the temporary
+ * files being written (fio_remove_live_temps), so nothing partial is left.
+ * main() installs this for every command, which then ends at once on a
+ * signal. A command that calls cli_interrupt_graceful() is told instead (the
+ * first signal sets cli_interrupted) and finishes what it is doing, keeping
+ * finished outputs; if that takes more than half a second, or at a second
+ * signal, the process ends at once all the same. */
+extern volatile sig_atomic_t cli_interrupted; /* the signal; 0 while none came */
+void cli_interrupt_init(void);
+void cli_interrupt_graceful(void);
+/* 128 + cli_interrupted: the exit status of an interrupted run. */
+int cli_interrupt_status(void);
 
 #endif

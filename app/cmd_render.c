@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 #ifndef MS_HAVE_VIEWER
 int cmd_render(int argc, char **argv)
@@ -156,6 +157,14 @@ int cmd_render(int argc, char **argv)
         image_free(&img);
         return 1;
     }
+    /* The image and the model are inputs now: -o may be neither, and must
+     * be writable, before the model runs. */
+    if (fio_check_writable(out) != MS_OK) {
+        cli_error("render: -o: %s", ms_last_error());
+        engine_free(eng);
+        image_free(&img);
+        return 2;
+    }
     const ms_config *cfg = engine_config(eng);
     ms_result res;
     memset(&res, 0, sizeof res);
@@ -203,7 +212,7 @@ int cmd_render(int argc, char **argv)
     if (view != VIZ_OVERLAY && res.depth > 0 && (!res.layer_mita || !res.layer_mita[layer]))
         fprintf(stderr, "mitaseg: layer %d ran full attention: it has no selections to show\n", layer);
     if (viz_font_open(&font, viz_font_path(), 13) != MS_OK) {
-        fprintf(stderr, "mitaseg: drawing without text: %s\n", ms_last_error());
+        cli_error("drawing without text: %s", ms_last_error());
         font = NULL;
     }
     viz_state st;

@@ -88,8 +88,9 @@ static const char segment_help[] =
     "Inputs are never overwritten: an output that would replace an input is an\n"
     "error for that image. A file that cannot be read is reported on one line\n"
     "(\"mitaseg: PATH: reason\") and the run goes on. Exit status: 0 all done, 1 some\n"
-    "failed, 2 usage error, 130 interrupted (finished outputs are kept; Ctrl-C\n"
-    "again stops at once).\n"
+    "failed, 2 usage error, 130/143 interrupted by SIGINT/SIGTERM (finished\n"
+    "outputs are kept; the images in flight get half a second to finish, then\n"
+    "the run stops at once, leaving no temporary file).\n"
     "\n";
 
 typedef enum { FMT_INDEX, FMT_LABEL, FMT_COLOR } out_format;
@@ -111,26 +112,12 @@ typedef struct {
     int n_lists;
 } seg_args;
 
-/* ---- signals ---- */
+/* ---- stopping ---- */
 
+/* Set when the threads could not start; an interrupt sets cli_interrupted
+ * (cli.h), after which the run has half a second to finish the images in flight. */
 static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1; /* SA_RESETHAND: a second Ctrl-C ends the process at once */
-}
-
-static void install_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND | SA_RESTART; /* file writes are not cut short */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
+#define STOPPING() (g_stop || cli_interrupted)
 
 /* ---- jobs and queues ---- */
 
@@ -282,6 +269,7 @@ typedef struct {
     viz_font *font;         /* --heatmaps labels; NULL: none */
 #endif
     bool bar_shown;
+    int unread;             /* images the reader could not take on (out of memory) */
 } seg_run;
 
 static void fmt_eta(char *buf, size_t n, double s)
@@ -335,8 +323,8 @@ static void report_error(seg_run *r, const char *path, const char *msg)
     clear_bar(r);
     /* Library messages about a file already start with its path. */
     size_t lp = strlen(path);
-    if (!strncmp(msg, path, lp) && msg[lp] == ':') fprintf(stderr, "mitaseg: %s\n", msg);
-    else fprintf(stderr, "mitaseg: %s: %s\n", path, msg);
+    if (!strncmp(msg, path, lp) && msg[lp] == ':') cli_error("%s", msg);
+    else cli_error("%s: %s", path, msg);
 }
 
 /* ---- reader ---- */
@@ -354,10 +342,13 @@ static void *reader_main(void *arg)
 {
     seg_run *r = arg;
     seg_plan *p = r->plan;
-    for (int t = 0; t < p->n_todo && !g_stop; t++) {
+    for (int t = 0; t < p->n_todo && !STOPPING(); t++) {
         int it = p->order[t];
         job *j = calloc(1, sizeof *j);
-        if (!j) break; /* out of memory: stop feeding; the main thread ends cleanly */
+        if (!j) { /* out of memory: stop feeding; the main thread reports what was not read */
+            r->unread = p->n_todo - t;
+            break;
+        }
         j->item = it;
         j->kind = JOB_RUN;
         if (p->plan_error[it]) {
@@ -508,7 +499,7 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
 static void finish_group(job **group, int n, seg_worker *w)
 {
     const seg_args *a = w->r->a;
-    if (g_stop) { /* interrupted: drop what is not started */
+    if (STOPPING()) { /* interrupted: drop what is not started */
         for (int b = 0; b < n; b++) job_free(group[b]);
         return;
     }
@@ -543,7 +534,7 @@ static void *worker_main(void *arg)
         job *j = next ? next : queue_get(&r->read_q);
         next = NULL;
         if (!j) break;
-        if (g_stop) { /* interrupted: drop what is not started */
+        if (STOPPING()) { /* interrupted: drop what is not started */
             job_free(j);
             continue;
         }
@@ -553,7 +544,7 @@ static void *worker_main(void *arg)
         }
         group[0] = j;
         n = 1;
-        while (n < cap && !g_stop) {
+        while (n < cap && !STOPPING()) {
             job *k = queue_get(&r->read_q);
             if (!k) break;
             if (k->kind != JOB_RUN) {
@@ -598,10 +589,10 @@ static int usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("mitaseg: segment: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (see mitaseg segment --help)\n", stderr);
+    char msg[1024]; /* paths in it are escaped like every message's */
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    cli_error("segment: %s (see mitaseg segment --help)", msg);
     return 2;
 }
 
@@ -757,6 +748,43 @@ static int parse_args(seg_args *a, int argc, char **argv)
 
 /* ---- planning ---- */
 
+static int cmp_cstr(const void *x, const void *y)
+{
+    return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* Temporary files that killed runs (kill -9, a power loss) left in the
+ * folders this run writes to: removed once, before anything is written
+ * (fio_remove_stale_temps only takes this program's names of dead PIDs). */
+static void remove_stale_temps(const seg_plan *p, const seg_args *a)
+{
+    int n = p->list.n * N_OUT + 1, m = 0;
+    char **dirs = malloc((size_t)n * sizeof *dirs);
+    if (!dirs) return; /* only tidying: never worth failing the run */
+    const char *prev = NULL; /* outputs are in sorted order: most share the last one's folder */
+    size_t prev_len = 0;
+    for (int i = 0; i < p->list.n * N_OUT && a->out_dir; i++) {
+        const char *o = p->out[i];
+        const char *slash = o ? strrchr(o, '/') : NULL;
+        size_t len = slash ? (size_t)(slash - o) + (slash == o) : 0;
+        if (!o || (prev && len == prev_len && !memcmp(o, prev, len))) continue;
+        prev = o;
+        prev_len = len;
+        if ((dirs[m] = slash ? strndup(o, len) : strdup("."))) m++;
+    }
+    if (a->dump) {
+        const char *slash = strrchr(a->dump, '/');
+        if ((dirs[m] = slash ? strndup(a->dump, (size_t)(slash - a->dump) + (slash == a->dump))
+                             : strdup(".")))
+            m++;
+    }
+    qsort(dirs, (size_t)m, sizeof *dirs, cmp_cstr);
+    for (int i = 0; i < m; i++)
+        if (i == 0 || strcmp(dirs[i], dirs[i - 1])) fio_remove_stale_temps(dirs[i]);
+    for (int i = 0; i < m; i++) free(dirs[i]);
+    free(dirs);
+}
+
 /* Enumerates, sorts, maps outputs, applies the input and collision rules,
  * then the shard. Enumeration errors are reported and counted as failures. */
 static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
@@ -780,11 +808,21 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
         cli_error("%s", ms_last_error());
         ++*enum_failed;
     }
+    /* Entries that could not be added (a NUL byte in a list line, an
+     * unreadable sub-folder): each reported and counted, none dropped. */
+    for (int i = 0; i < p->list.n_bad; i++) cli_error("%s", p->list.bad[i]);
+    *enum_failed += p->list.n_bad;
     if (batch_place_loose(&p->list) != MS_OK) {
         cli_error("%s", ms_last_error());
         return 1;
     }
     batch_sort_unique(&p->list);
+    /* Every input is remembered before anything is written, so no output
+     * (of any shard, nor the --dump) replaces any of them. */
+    if (batch_note_inputs(&p->list) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        return 1;
+    }
     int n = p->list.n;
     p->out = calloc((size_t)(n ? n : 1) * N_OUT, sizeof *p->out);
     p->plan_error = calloc((size_t)(n ? n : 1), sizeof *p->plan_error);
@@ -811,7 +849,7 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
         for (int i = 0; i < n; i++)
             for (int k = 0; k < N_OUT && !p->plan_error[i]; k++) {
                 const char *o = p->out[i * N_OUT + k];
-                if (o && batch_check_output(&p->list, o) != MS_OK)
+                if (o && fio_check_output(o) != MS_OK)
                     p->plan_error[i] = fmt_dup("%s", ms_last_error());
             }
         /* Two inputs, one output name (a.jpg and a.png): the first in sorted
@@ -844,6 +882,7 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
     }
     for (int i = 0; i < n; i++)
         if (a->shard_n == 0 || batch_in_shard(i, a->shard_i, a->shard_n)) p->order[p->n_todo++] = i;
+    remove_stale_temps(p, a);
     return 0;
 }
 
@@ -878,6 +917,27 @@ int cmd_segment(int argc, char **argv)
     }
     rc = open_engines(workers, n_workers, &a);
     if (rc) goto out_workers;
+    /* The model is an input now too: --dump is checked against it and every
+     * image before the run, not after it. */
+    if (a.dump && fio_check_writable(a.dump) != MS_OK) {
+        cli_error("segment: --dump: %s", ms_last_error());
+        rc = 2;
+        goto out_workers;
+    }
+    /* -o made and tried once: a folder that cannot be written is one line
+     * before the run, not one line per image after it. */
+    if (a.out_dir) {
+        char *probe = NULL;
+        ms_status st = batch_output_path(&probe, a.out_dir, "probe", ".png");
+        if (st == MS_OK) st = batch_make_parent_dirs(probe);
+        if (st == MS_OK) st = fio_check_writable(probe);
+        free(probe);
+        if (st != MS_OK) {
+            cli_error("segment: -o %s: %s", a.out_dir, ms_last_error());
+            rc = 2;
+            goto out_workers;
+        }
+    }
     const ms_config *cfg = engine_config(workers[0].e);
     if (a.heatmaps && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
                           MS_ATTN_MITA) {
@@ -921,7 +981,7 @@ int cmd_segment(int argc, char **argv)
     /* Without the font the strip is drawn without labels. */
     if (a.heatmaps && viz_font_open(&r.font, viz_font_path(), 14) != MS_OK) r.font = NULL;
 #endif
-    install_signals();
+    cli_interrupt_graceful();
     r.t0 = cli_now_s();
     pthread_t reader, writer;
     bool have_reader = pthread_create(&reader, NULL, reader_main, &r) == 0;
@@ -943,13 +1003,19 @@ int cmd_segment(int argc, char **argv)
     if (have_writer) pthread_join(writer, NULL);
     /* Dropped after the signal, or never read by the reader. */
     int not_started = plan.n_todo - (r.done + r.failed - enum_failed + r.skipped);
+    if (r.unread) { /* never silently: each counts as failed */
+        clear_bar(&r);
+        cli_error("out of memory: %d image%s not read", r.unread, r.unread == 1 ? "" : "s");
+        r.failed += r.unread;
+        not_started -= r.unread;
+    }
     show_progress(&r, true);
     double el = cli_now_s() - r.t0; /* the pipeline's time: throughput, not model loading */
-    if (!a.quiet || g_stop) {
+    if (!a.quiet || STOPPING()) {
         clear_bar(&r);
-        fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", g_stop ? "interrupted: " : "",
+        fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", STOPPING() ? "interrupted: " : "",
                 r.done, r.done == 1 ? "" : "s", r.failed, r.skipped);
-        if (g_stop) fprintf(stderr, ", %d not started", not_started);
+        if (STOPPING()) fprintf(stderr, ", %d not started", not_started);
         fprintf(stderr, " in %.1f s (%.1f images/s)\n", el, el > 0 ? r.done / el : 0.0);
     }
     queue_free(&r.read_q);
@@ -957,7 +1023,7 @@ int cmd_segment(int argc, char **argv)
 #ifdef MS_HAVE_VIEWER
     if (r.font) viz_font_free(r.font);
 #endif
-    rc = !have_writer || started == 0 ? 1 : g_stop ? 130 : r.failed ? 1 : 0;
+    rc = !have_writer || started == 0 ? 1 : cli_interrupted ? cli_interrupt_status() : r.failed ? 1 : 0;
 out_workers:
     for (int i = 0; i < n_workers; i++) {
         if (workers[i].res)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 #ifndef MS_HAVE_VIEWER
 int cmd_view(int argc, char **argv)
@@ -90,8 +91,10 @@ static void vlog(const viewer *v, const char *fmt, ...)
     if (!v->log) return;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stdout, fmt, ap);
+    char line[PATH_MAX * 2 + 64];
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    cli_fputs_escaped(line, stdout); /* paths: one line each, whatever their bytes */
     fputc('\n', stdout);
     fflush(stdout);
 }
@@ -274,13 +277,6 @@ static bool save_paths(char *view_path, char *mask_path, size_t n, const viewer 
     return a > 0 && b > 0 && (size_t)a < n && (size_t)b < n;
 }
 
-static bool same_file(const char *a, const char *b)
-{
-    char ra[PATH_MAX], rb[PATH_MAX];
-    if (!realpath(a, ra) || !realpath(b, rb)) return false;
-    return !strcmp(ra, rb);
-}
-
 static void save_view(viewer *v)
 {
     if (!v->have_img || !v->have_res) {
@@ -292,9 +288,11 @@ static void save_view(viewer *v)
         set_status(v, "not saving: the output path is too long");
         return;
     }
-    /* the names always add a suffix, but never risk the input */
-    if (same_file(vp, v->path) || same_file(mp, v->path)) {
-        set_status(v, "not saving: %s would overwrite the input", vp);
+    /* The names always add a suffix, but a file viewed (or the model) could
+     * carry one: both are checked against every input before either is written. */
+    if (fio_check_output(vp) != MS_OK || fio_check_output(mp) != MS_OK) {
+        set_status(v, "not saving: %s", ms_last_error());
+        vlog(v, "error %s", ms_last_error());
         return;
     }
     int W = v->tw, H = v->th;
@@ -642,7 +640,7 @@ int cmd_view(int argc, char **argv)
     }
     if (viz_font_open(&v->font, viz_font_path(), 13) != MS_OK ||
         viz_font_open(&v->font_big, viz_font_path(), 22) != MS_OK) {
-        fprintf(stderr, "mitaseg: drawing without text: %s\n", ms_last_error());
+        cli_error("drawing without text: %s", ms_last_error());
     }
     viz_state_init(&v->st);
     v->st.n_classes = v->cfg->n_classes;
@@ -663,8 +661,11 @@ int cmd_view(int argc, char **argv)
         if (d.drop.file && SDL_PushEvent(&d) != 1) SDL_free(d.drop.file);
     }
 
+    /* Ctrl-C or SIGTERM closes the window like Escape (SDL leaves the
+     * signals to main()'s handler, installed before SDL_Init). */
+    cli_interrupt_graceful();
     bool quit = false, dirty = true;
-    while (!quit) {
+    while (!quit && !cli_interrupted) {
         if (dirty) {
             redraw(v);
             dirty = false;
@@ -747,7 +748,7 @@ int cmd_view(int argc, char **argv)
             }
         } while (!quit && SDL_PollEvent(&ev));
     }
-    rc = 0;
+    rc = cli_interrupted ? cli_interrupt_status() : 0;
 out:
     viewer_free(v);
     SDL_Quit();

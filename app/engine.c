@@ -607,7 +607,19 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     be->dry_run = false;
     size_t need = act->high;
     act->sizing = false;
-    if (st == MS_OK) st = arena_init(act, need, be->device);
+    if (st != MS_OK) {
+        /* The dry run refused this geometry (a token grid too small for the
+         * neck, ...): about the image's size, not about memory. */
+        if (g->batch == 1)
+            ms_error_prefix(st, "a %dx%d image (%dx%d after resizing and padding)", g->w, g->h,
+                            g->pw, g->ph);
+        else
+            ms_error_prefix(st, "%d %dx%d images", g->batch, g->w, g->h);
+        ms_free(pl->host_in);
+        memset(pl, 0, sizeof *pl);
+        return st;
+    }
+    st = arena_init(act, need, be->device);
     if (st != MS_OK) {
         if (g->batch == 1)
             ms_error_prefix(st, "activation memory for a %dx%d image (%zu MiB)", g->w, g->h,

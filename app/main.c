@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 static const char usage[] =
     "usage: mitaseg <command> [options]\n"
@@ -35,6 +36,8 @@ static void ensure_passive_openmp(char **argv)
 int main(int argc, char **argv)
 {
     ensure_passive_openmp(argv);
+    cli_interrupt_init();
+    fio_remember_inputs(true); /* no command writes over a file it read */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);

@@ -184,38 +184,46 @@ xdotool mousemove --window "$WIN" 20 20
 xdotool windowfocus --sync "$WIN" 2>/dev/null || true
 sleep 0.2
 
-# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
-save_now() {
+# press_s REGEX WHAT: press S until a new log line matches REGEX
+press_s() {
     local before
-    before=$(count_log '^saved ')
+    before=$(count_log "$1")
     # Without a window manager, focus follows the pointer: under load a key
-    # can arrive before the focus does, so press again if nothing was saved.
+    # can arrive before the focus does, so press again if nothing came.
     for _try in 1 2 3; do
         xdotool key s
         for _ in $(seq 1 50); do
-            [ "$(count_log '^saved ')" -gt "$before" ] && break 2
+            [ "$(count_log "$1")" -gt "$before" ] && break 2
             sleep 0.1
         done
         xdotool mousemove --window "$WIN" 20 20
     done
-    [ "$(count_log '^saved ')" -gt "$before" ] || fail "S saved nothing"
+    [ "$(count_log "$1")" -gt "$before" ] || fail "$2"
+}
+
+# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
+save_now() {
+    press_s '^saved ' "S saved nothing"
     # "saved VIEW MASK"
     grep -E '^saved ' "$TMP/log" | tail -1 | cut -d' ' -f2-
 }
 
-# quit_viewer WHAT: Escape must end the viewer, with status 0
-quit_viewer() {
-    xdotool key Escape
-    for _ in $(seq 1 100); do
+# stop_viewer HOW TENTHS STATUS WHAT: the command HOW must end the viewer
+# within TENTHS tenths of a second, with exit status STATUS
+stop_viewer() {
+    $1
+    for _ in $(seq 1 "$2"); do
         kill -0 "$VIEW_PID" 2>/dev/null || break
         sleep 0.1
     done
-    kill -0 "$VIEW_PID" 2>/dev/null && fail "Escape did not quit ($1)"
+    kill -0 "$VIEW_PID" 2>/dev/null && fail "'$1' did not end the viewer ($4)"
     wait "$VIEW_PID"
     local rc=$?
     VIEW_PID=""
-    [ "$rc" -eq 0 ] || fail "viewer exit status $rc ($1)"
+    [ "$rc" -eq "$3" ] || fail "viewer exit status $rc, want $3 ($4)"
 }
+# quit_viewer WHAT: Escape must end the viewer, with status 0
+quit_viewer() { stop_viewer "xdotool key Escape" 100 0 "$1"; }
 
 # 1. heatmap view at the default (last) layer
 xdotool key 2
@@ -252,6 +260,12 @@ wait_log "^class $CLS hidden" 10 >/dev/null
 read -r V4 _ < <(save_now)
 png differ "$TMP/overlay_before.png" "$V4" 0.005 || fail "hiding class $CLS did not change the overlay"
 
+# 3b. the mask's name is a hard link to the image (another name of the input):
+#     S refuses with a message and writes nothing
+rm -f "$M1" && ln "$IMG" "$M1"
+press_s '^error .*would overwrite the input' "S over a hard link of the input was not refused"
+rm -f "$M1"
+
 # 4. the input is untouched; Escape quits with status 0
 [ "$(cksum <"$IMG")" = "$IMG_SUM" ] || fail "the input image changed"
 quit_viewer "first run"
@@ -273,4 +287,12 @@ read -r V5 M5 < <(save_now)
 [[ "$V5" == *dropped.view-* ]] || fail "after the drop: unexpected view file name $V5"
 [ "$(png size "$M5")" = "160 120" ] || fail "$M5 does not decode to the dropped image's size"
 quit_viewer "drop test"
+
+# 6. SIGTERM closes the viewer within a second with status 143
+: >"$TMP/log"
+SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
+    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
+VIEW_PID=$!
+wait_log '^ready' 120 >/dev/null
+stop_viewer "kill -TERM $VIEW_PID" 10 143 "SIGTERM, within a second"
 echo "ok: e2e_viewer"
