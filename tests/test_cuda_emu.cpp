@@ -701,6 +701,8 @@ START_TEST(test_emu_mita)
         {64, 65, 128, 2, 2, 2, 20, false, 1},
         /* N = 2 MITA_SV_CHUNK: full chunks only */
         {128, 64, 32, 2, 2, 2, 5, true, 1},
+        /* k > MS_TOPK_SMEM: candidates in the scratch, rank sort; d = 4 */
+        {64, 65, 4, 1, 2, 2, MS_TOPK_SMEM + 1, false, 1},
     };
     for (const mita_case &t : cases) run_mita(t, optin);
 }
