@@ -26,11 +26,11 @@ static ms_status round_operands(ms_cuda_ctx *cu, void *ws, const float **a, size
                                 const float **b, size_t nb, bool bf16)
 {
     float *ra = (float *)ws, *rb = (float *)((char *)ws + cuda_align256(na * sizeof(float)));
-    round_operand_kernel<<<cuda_blocks(na, CV_THREADS), CV_THREADS, 0, cu->stream>>>(
-        ra, *a, (long long)na, bf16);
+    MS_LAUNCH(round_operand_kernel, cuda_blocks(na, CV_THREADS), CV_THREADS, 0, cu->stream)(ra,
+        *a, (long long)na, bf16);
     CUDA_CHECK_LAUNCH("round_operand_kernel");
-    round_operand_kernel<<<cuda_blocks(nb, CV_THREADS), CV_THREADS, 0, cu->stream>>>(
-        rb, *b, (long long)nb, bf16);
+    MS_LAUNCH(round_operand_kernel, cuda_blocks(nb, CV_THREADS), CV_THREADS, 0, cu->stream)(rb,
+        *b, (long long)nb, bf16);
     CUDA_CHECK_LAUNCH("round_operand_kernel");
     *a = ra;
     *b = rb;
@@ -155,8 +155,8 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
                                         cu->workspace, cu->workspace_bytes, &zero, D.y, out));
     if (!b && act == MS_ACT_NONE) return MS_OK;
     long long plane = (long long)ho * wo, total = plane * co;
-    chan_bias_act_kernel<<<cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0, cu->stream>>>(
-        out, b, plane, total, (int)act);
+    MS_LAUNCH(chan_bias_act_kernel, cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0,
+              cu->stream)(out, b, plane, total, (int)act);
     CUDA_CHECK_LAUNCH("chan_bias_act_kernel");
     return MS_OK;
 }
@@ -191,8 +191,8 @@ extern "C" ms_status conv_transpose2x2_cuda(ms_backend *be, float *out, const fl
     MS_TRY(cuda_gemm_batched(cu, be->fp32, CUBLAS_OP_N, CUBLAS_OP_T, (int)hw, 4 * co, ci, 1.0f, in,
                              (int)hw, 0, w, 4 * co, 0, 0.0f, g, (int)hw, 0, 1));
     long long total = 4 * hw * co;
-    convt2x2_scatter_kernel<<<cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0, cu->stream>>>(
-        out, g, b, h, wd, total, (int)act);
+    MS_LAUNCH(convt2x2_scatter_kernel, cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0,
+              cu->stream)(out, g, b, h, wd, total, (int)act);
     CUDA_CHECK_LAUNCH("convt2x2_scatter_kernel");
     return MS_OK;
 }

@@ -4,10 +4,23 @@
 #ifndef MS_CUDA_CHECK_H
 #define MS_CUDA_CHECK_H
 
+#ifdef MS_CUDA_EMU
+/* The tests' CUDA execution layer: these kernels compiled as host C++ and run
+ * on the CPU (tests/cuda_emu/cuda_emu.h defines MS_LAUNCH, MS_SHARED_DYN). */
+#include "cuda_emu.h"
+#else
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
+
+/* kernel<<<grid, block, smem, stream>>>(args), written
+ * MS_LAUNCH(kernel, grid, block, smem, stream)(args) so that the tests'
+ * execution layer can run the same launch on the CPU. */
+#define MS_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+/* The launch's dynamic shared memory as a T array. */
+#define MS_SHARED_DYN(type, name) extern __shared__ type name[]
+#endif
 
 #include "cuda_ctx.h"
 

@@ -34,7 +34,8 @@ __global__ void f32_to_bf16_kernel(uint16_t *out, const float *in, long long tot
 static ms_status f32_to_bf16(ms_cuda_ctx *cu, uint16_t *out, const float *in, long long total)
 {
     if (total == 0) return MS_OK;
-    f32_to_bf16_kernel<<<cuda_blocks((size_t)total, 256), 256, 0, cu->stream>>>(out, in, total);
+    MS_LAUNCH(f32_to_bf16_kernel, cuda_blocks((size_t)total, 256), 256, 0, cu->stream)(out, in,
+        total);
     CUDA_CHECK_LAUNCH("f32_to_bf16");
     return MS_OK;
 }
@@ -123,8 +124,8 @@ static ms_status bias_act(ms_cuda_ctx *cu, float *out, const float *b, long long
 {
     long long total = rows * cols;
     if (total == 0 || (!b && act == MS_ACT_NONE)) return MS_OK;
-    bias_act_kernel<<<cuda_blocks((size_t)total, 256), 256, 0, cu->stream>>>(out, b, total, cols,
-                                                                           (int)act);
+    MS_LAUNCH(bias_act_kernel, cuda_blocks((size_t)total, 256), 256, 0, cu->stream)(out, b, total,
+        cols, (int)act);
     CUDA_CHECK_LAUNCH("bias_act");
     return MS_OK;
 }

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(MITA_TOPK_THREADS)
     topk_kernel(int32_t *idx_out /* (rows, k) */, uint64_t *gcand /* (rows, k) or NULL */,
                 const float *probe /* (rows, n) */, int n, int k)
 {
-    extern __shared__ uint64_t s_cand[];
+    MS_SHARED_DYN(uint64_t, s_cand);
     __shared__ unsigned hist[256];
     __shared__ int s_digit, s_need;
     __shared__ int s_wa[33], s_wb[33];
@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
                   int mt, int kt, float s, float sh_scale)
 {
     const int d = DT > 0 ? DT : d_rt;
-    extern __shared__ float smem[];
+    MS_SHARED_DYN(float, smem);
     float *sv = smem;                     /* (mt, d) */
     float *ks = sv + (size_t)mt * d;      /* (kt, d) */
     float *vs = ks + (size_t)kt * d;      /* (kt, d) */
@@ -410,9 +410,8 @@ static ms_status launch_routed(ms_cuda_ctx *cu, unsigned grid, size_t smem, floa
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(routed_kernel<DT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    routed_kernel<DT><<<grid, MITA_ROUTED_QB, smem, cu->stream>>>(
-        out, mass, qkv, rs, sv, idx, order, starts, counts, chunks, heads, n, m, c, d, k, mt, kt,
-        s, sh);
+    MS_LAUNCH(routed_kernel<DT>, grid, MITA_ROUTED_QB, smem, cu->stream)(out, mass, qkv, rs, sv,
+        idx, order, starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     CUDA_CHECK_LAUNCH("routed_kernel");
     return MS_OK;
 }
@@ -483,8 +482,8 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
 
     MS_TRY(prof_mark(st, 0));
     /* 1. landmarks */
-    landmark_kernel<<<cuda_blocks((size_t)m * c, 256), 256, 0, st>>>(land, qkv + (size_t)ncls * c3,
-                                                                     hp, wp, c, gh, gw);
+    MS_LAUNCH(landmark_kernel, cuda_blocks((size_t)m * c, 256), 256, 0, st)(
+        land, qkv + (size_t)ncls * c3, hp, wp, c, gh, gw);
     CUDA_CHECK_LAUNCH("landmark_kernel");
     MS_TRY(prof_mark(st, 1));
     /* 2. probe, per head: P_h (M x N row-major) = col-major (N x M) = K_h^T' L_h. */
@@ -493,12 +492,12 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     MS_TRY(prof_mark(st, 2));
     /* 3. routed sets */
     size_t tk_smem = k <= MS_TOPK_SMEM ? (size_t)next_pow2(k) * sizeof(uint64_t) : 0;
-    topk_kernel<<<heads * m, MITA_TOPK_THREADS, tk_smem, st>>>(idx, cand, probe, n, k);
+    MS_LAUNCH(topk_kernel, heads * m, MITA_TOPK_THREADS, tk_smem, st)(idx, cand, probe, n, k);
     CUDA_CHECK_LAUNCH("topk_kernel");
     MS_TRY(prof_mark(st, 3));
     /* 4. summaries: P <- softmax(P s), then Sv_h (M x d) = P_h V_h; col-major
      * (d x M) = V_h' (d x N, ld 3c) * P_h' (N x M, ld N). */
-    summary_softmax_kernel<<<heads * m, MITA_SOFTMAX_THREADS, 0, st>>>(probe, n, s);
+    MS_LAUNCH(summary_softmax_kernel, heads * m, MITA_SOFTMAX_THREADS, 0, st)(probe, n, s);
     CUDA_CHECK_LAUNCH("summary_softmax_kernel");
     MS_TRY(prof_mark(st, 4));
     const int nch = (n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
@@ -524,8 +523,8 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
                                          ph + (size_t)full * MITA_SV_CHUNK, n, 0, 0.0f,
                                          parth + (size_t)full * md, d, 0, 1));
         }
-        sv_reduce_kernel<<<cuda_blocks((size_t)heads * md, 256), 256, 0, st>>>(sv, part, heads,
-                                                                               nch, (int)md);
+        MS_LAUNCH(sv_reduce_kernel, cuda_blocks((size_t)heads * md, 256), 256, 0, st)(sv, part,
+            heads, nch, (int)md);
         CUDA_CHECK_LAUNCH("sv_reduce_kernel");
     }
     MS_TRY(prof_mark(st, 5));
@@ -535,13 +534,13 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     MS_TRY(prof_mark(st, 6));
     /* 6. argmax routing and counting sort by expert */
     CUDA_CHECK(cudaMemsetAsync(counts, 0, (size_t)heads * m * sizeof(int), st));
-    route_kernel<<<cuda_blocks((size_t)heads * n, 256), 256, 0, st>>>(route, counts, rs, heads,
-                                                                      n, m);
+    MS_LAUNCH(route_kernel, cuda_blocks((size_t)heads * n, 256), 256, 0, st)(route, counts, rs,
+        heads, n, m);
     CUDA_CHECK_LAUNCH("route_kernel");
-    scan_kernel<<<1, 1, 0, st>>>(starts, chunks, cursor, counts, heads, m, MITA_ROUTED_QB);
+    MS_LAUNCH(scan_kernel, 1, 1, 0, st)(starts, chunks, cursor, counts, heads, m, MITA_ROUTED_QB);
     CUDA_CHECK_LAUNCH("scan_kernel");
-    scatter_kernel<<<cuda_blocks((size_t)heads * n, 256), 256, 0, st>>>(order, cursor, route,
-                                                                        starts, heads, n, m);
+    MS_LAUNCH(scatter_kernel, cuda_blocks((size_t)heads * n, 256), 256, 0, st)(order, cursor, route,
+        starts, heads, n, m);
     CUDA_CHECK_LAUNCH("scatter_kernel");
     MS_TRY(prof_mark(st, 7));
     /* 7. joint softmax per expert chunk; the grid bounds the chunk count:
@@ -564,8 +563,8 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     MS_TRY(rst);
     if (ncls && rec) {
         size_t total = (size_t)heads * ((size_t)m * k + n);
-        record_report_kernel<<<cuda_blocks(total, 256), 256, 0, st>>>(*rec, idx, route, mass,
-                                                                       heads, n, m * k, ncls);
+        MS_LAUNCH(record_report_kernel, cuda_blocks(total, 256), 256, 0, st)(
+            *rec, idx, route, mass, heads, n, m * k, ncls);
         CUDA_CHECK_LAUNCH("record_report_kernel");
     }
     MS_TRY(prof_mark(st, 8));
