@@ -409,6 +409,24 @@ START_TEST(test_emu_elementwise)
         normalize_pad_cpu(ref.data(), in.data(), h, w, hp, wp, mean, stdv);
         check_equal(got, ref, "normalize_pad");
     }
+    { /* sliding-window logits (mmseg slide_inference): windows summed in
+       * place, then divided by the count covering each pixel; strides that
+       * leave a last window flush with the edge */
+        const int c = 3, h = 11, w = 13, wh = 5, ww = 6, sh = 3, sw = 4;
+        const int ny = slide_windows(h, wh, sh), nx = slide_windows(w, ww, sw);
+        auto got = nans((size_t)c * h * w), ref = got;
+        for (int wi = 0; wi < ny * nx; wi++) {
+            auto win = randv((size_t)c * wh * ww, 40 + wi);
+            int y0 = slide_start(wi / nx, h, wh, sh), x0 = slide_start(wi % nx, w, ww, sw);
+            ok(window_add_cuda(&be, got.data(), win.data(), c, h, w, wh, ww, y0, x0, wi == 0),
+               "window_add_cuda");
+            window_add_cpu(ref.data(), win.data(), c, h, w, wh, ww, y0, x0, wi == 0);
+        }
+        check_equal(got, ref, "window_add");
+        ok(window_average_cuda(&be, got.data(), c, h, w, wh, ww, sh, sw), "window_average_cuda");
+        window_average_cpu(ref.data(), c, h, w, wh, ww, sh, sw);
+        check_equal(got, ref, "window_average");
+    }
 }
 END_TEST
 
