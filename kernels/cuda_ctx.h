@@ -39,7 +39,7 @@ const char *cuda_ctx_name(const ms_cuda_ctx *cu);
 typedef struct {
     int driver, runtime, runtime_build, cublas, cudnn, cudnn_build;
     int devices;            /* -1: the count failed (device_error says why) */
-    char device_error[160];
+    char device_error[512];
 } ms_cuda_versions;
 void cuda_query_versions(ms_cuda_versions *v);
 /* GPU i: name, compute capability, memory. MS_ERR_UNSUPPORTED past the count. */
