@@ -17,6 +17,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,22 +135,30 @@ void mita_cuda_profile(float *stage_ms /* (8) or NULL */);
 
 /* PROC(name, parameters, arguments, what to do when not loaded) */
 #define MS_CUDA_PROCS(PROC)                                                                      \
-    PROC(cuda_ctx_free, (ms_cuda_ctx *cu), (cu), (void)0)                                        \
-    PROC(cuda_arena_free_storage, (uint8_t *p), (p), (void)0)                                    \
     PROC(mita_cuda_profile, (float *stage_ms), (stage_ms), (void)0)                              \
     PROC(cuda_query_versions, (ms_cuda_versions *v), (v), versions_unavailable(v))
+
+/* FREE(name, parameters, arguments): frees what the backend made, so does
+ * nothing, and loads nothing, when it was never loaded (a CPU run's
+ * cuda_ctx_free(NULL)) */
+#define MS_CUDA_FREES(FREE)                                                                      \
+    FREE(cuda_ctx_free, (ms_cuda_ctx *cu), (cu))                                                 \
+    FREE(cuda_arena_free_storage, (uint8_t *p), (p))
 
 static struct {
 #define FIELD_FN(ret, name, params, args, fail) ret(*name) params;
 #define FIELD_PROC(name, params, args, fail) void(*name) params;
+#define FIELD_FREE(name, params, args) void(*name) params;
     MS_CUDA_FUNCS(FIELD_FN)
     MS_CUDA_PROCS(FIELD_PROC)
+    MS_CUDA_FREES(FIELD_FREE)
 #undef FIELD_FN
+#undef FIELD_FREE
 #undef FIELD_PROC
 } g_cuda;
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static bool g_loaded;
+static atomic_bool g_loaded;
 static char g_why[512]; /* why it did not load */
 
 static void set_why(const char *fmt, ...)
@@ -198,9 +207,12 @@ static void cuda_load(void)
     memcpy(&g_cuda.name, &sym, sizeof sym); /* object to function pointer (POSIX) */
 #define LOAD_FN(ret, name, params, args, fail) LOAD(name)
 #define LOAD_PROC(name, params, args, fail) LOAD(name)
+#define LOAD_FREE(name, params, args) LOAD(name)
     MS_CUDA_FUNCS(LOAD_FN)
     MS_CUDA_PROCS(LOAD_PROC)
+    MS_CUDA_FREES(LOAD_FREE)
 #undef LOAD_FN
+#undef LOAD_FREE
 #undef LOAD_PROC
 #undef LOAD
     g_loaded = true;
@@ -233,3 +245,9 @@ static void versions_unavailable(ms_cuda_versions *v)
     }
 MS_CUDA_FUNCS(STUB_FN)
 MS_CUDA_PROCS(STUB_PROC)
+#define STUB_FREE(name, params, args)                                                            \
+    void name params                                                                             \
+    {                                                                                            \
+        if (atomic_load(&g_loaded)) g_cuda.name args;                                            \
+    }
+MS_CUDA_FREES(STUB_FREE)
