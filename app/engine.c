@@ -314,6 +314,14 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
         return MS_OK;
     }
 #ifdef MS_HAVE_CUDA
+    /* auto on a machine without an NVIDIA GPU loads no CUDA library at all
+     * (kernels/cuda_loader.c): hundreds of MB mapped for a no-device answer */
+    if (opt->device == MS_DEV_AUTO && !ms_gpu_present()) {
+        snprintf(e->fallback, sizeof e->fallback,
+                 "no NVIDIA GPU on this machine (no /dev/nvidia0)");
+        e->has_fallback = true;
+        return MS_OK;
+    }
     ms_status st = cuda_ctx_init(&e->cu, opt->device_index);
     /* auto never picks a GPU that fails its self-test (run once per process) */
     char why[256];

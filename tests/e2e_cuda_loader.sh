@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of the CUDA backend loaded on first use
 # (kernels/cuda_loader.c): the program links no CUDA library; a CPU run maps
-# none; --device cuda loads libmitaseg_cuda.so (which loads without a GPU:
+# none (nor does --device auto without an NVIDIA GPU); --device cuda loads libmitaseg_cuda.so (which loads without a GPU:
 # the runtime then reports no device); a backend that cannot be loaded fails
 # --device cuda with one line naming it and sends --device auto to the CPU.
 set -u
@@ -29,6 +29,15 @@ if grep -q 'this build has no CUDA backend' probe.txt; then
     exit 77
 fi
 
+if [ ! -e /dev/nvidia0 ] && ! ls /proc/driver/nvidia/gpus/* >/dev/null 2>&1 &&
+    [ "${MS_EXPECT_GPU:-0}" != 1 ]; then
+    mapped auto "$BIN" segment --threads 1 in/a.png -o o_auto0 >auto0.txt 2>&1
+    check "no GPU, default --device auto: maps no CUDA library" \
+        bash -c "! grep -Eq '$cuda_libs' auto0.txt"
+    check "no GPU, default --device auto: says why it runs on the CPU" \
+        grep -q 'running on the CPU: no NVIDIA GPU on this machine' auto0.txt
+fi
+
 mapped cuda "$BIN" segment --threads 1 --device cuda in/a.png -o o_cuda >cuda.txt 2>&1
 check "--device cuda: loads libmitaseg_cuda.so" grep -q 'libmitaseg_cuda\.so' cuda.txt
 check "--device cuda: which brings the CUDA runtime" grep -q 'libcudart' cuda.txt
@@ -43,7 +52,8 @@ check "backend missing, --device cuda: names the library and why" \
     grep -q "cannot load the CUDA backend $missing: .*No such file" err.txt
 check "backend missing, --device cuda: no output" test ! -e o_miss/a.png
 
-MITASEG_CUDA_LIB=$missing "$BIN" segment --threads 1 --device auto in/a.png -o o_auto \
+# (MS_EXPECT_GPU=1: auto tries the GPU even where there is none)
+MITASEG_CUDA_LIB=$missing MS_EXPECT_GPU=1 "$BIN" segment --threads 1 --device auto in/a.png -o o_auto \
     >/dev/null 2>err.txt
 rc=$?
 check "backend missing, --device auto: exit 0" test $rc -eq 0
