@@ -84,6 +84,27 @@ static void print_cpu(void)
     printf("openblas: %s; core %s\n", openblas_get_config(), openblas_get_corename());
 }
 
+#ifdef MS_HAVE_CUDA
+static void print_cuda_versions(const ms_cuda_versions *v)
+{
+    if (v->driver)
+        printf("cuda driver: supports CUDA %d.%d\n", v->driver / 1000, (v->driver % 1000) / 10);
+    else
+        printf("cuda driver: none (%s)\n", v->device_error);
+    printf("cuda runtime: %d.%d (built with %d.%d)\n", v->runtime / 1000, (v->runtime % 1000) / 10,
+           v->runtime_build / 1000, (v->runtime_build % 1000) / 10);
+    printf("cublas: %d.%d.%d\n", v->cublas / 10000, (v->cublas / 100) % 100, v->cublas % 100);
+    printf("cudnn: %d.%d.%d (built with %d.%d.%d)\n", v->cudnn / 10000, (v->cudnn / 100) % 100,
+           v->cudnn % 100, v->cudnn_build / 10000, (v->cudnn_build / 100) % 100,
+           v->cudnn_build % 100);
+    if (v->driver && v->driver < v->runtime)
+        printf("cuda: the driver (CUDA %d.%d) is older than the runtime (%d.%d): update the "
+               "NVIDIA driver\n",
+               v->driver / 1000, (v->driver % 1000) / 10, v->runtime / 1000,
+               (v->runtime % 1000) / 10);
+}
+#endif
+
 /* Prints the CUDA facts; returns how many GPUs CUDA sees (0 without CUDA),
  * -1 when the machine has a GPU (ms_gpu_present) that CUDA cannot use. */
 static int print_cuda(void)
@@ -91,21 +112,9 @@ static int print_cuda(void)
 #ifdef MS_HAVE_CUDA
     ms_cuda_versions v;
     cuda_query_versions(&v);
-    if (v.driver)
-        printf("cuda driver: supports CUDA %d.%d\n", v.driver / 1000, (v.driver % 1000) / 10);
-    else
-        printf("cuda driver: none (%s)\n", v.device_error);
-    printf("cuda runtime: %d.%d (built with %d.%d)\n", v.runtime / 1000, (v.runtime % 1000) / 10,
-           v.runtime_build / 1000, (v.runtime_build % 1000) / 10);
-    printf("cublas: %d.%d.%d\n", v.cublas / 10000, (v.cublas / 100) % 100, v.cublas % 100);
-    printf("cudnn: %d.%d.%d (built with %d.%d.%d)\n", v.cudnn / 10000, (v.cudnn / 100) % 100,
-           v.cudnn % 100, v.cudnn_build / 10000, (v.cudnn_build / 100) % 100,
-           v.cudnn_build % 100);
-    if (v.driver && v.driver < v.runtime)
-        printf("cuda: the driver (CUDA %d.%d) is older than the runtime (%d.%d): update the "
-               "NVIDIA driver\n",
-               v.driver / 1000, (v.driver % 1000) / 10, v.runtime / 1000,
-               (v.runtime % 1000) / 10);
+    /* runtime_build 0: the backend library did not load (device_error says
+     * why, on the gpus line); there are no versions to print */
+    if (v.runtime_build) print_cuda_versions(&v);
     if (v.devices <= 0) {
         if (ms_gpu_present()) {
             printf("gpus: a GPU is present, but CUDA cannot use it: %s\n",

@@ -19,7 +19,9 @@ T=$(mktemp -d /tmp/ms_bench_startup.XXXXXX)
 trap 'rm -rf "$T"' EXIT
 "${MS_PYTHON:-/usr/bin/python3}" "$src/tests/e2e_images.py" img "$T/in.png" 512 384 1 >/dev/null
 
-stats() { sort -n | awk '{v[NR] = $1} END {printf "min %8.2f  median %8.2f", v[1], v[int((NR + 1) / 2)]}'; }
+stats() {
+    sort -n | awk '{v[NR] = $1} END {printf "min %8.2f  median %8.2f", v[1], v[int((NR + 1) / 2)]}'
+}
 for i in $(seq "$runs"); do
     for j in "${!bins[@]}"; do
         t0=$(date +%s%N)

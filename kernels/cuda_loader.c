@@ -200,7 +200,7 @@ static void cuda_load(void)
     void *sym;
 #define LOAD(name)                                                                               \
     if (!(sym = dlsym(lib, #name))) {                                                            \
-        set_why("the CUDA backend %s lacks %s (another version?)", path, #name);                                                                                     \
+        set_why("the CUDA backend %s lacks %s (another version?)", path, #name);         \
         dlclose(lib);                                                                            \
         return;                                                                                  \
     }                                                                                            \

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # End-to-end tests of the CUDA backend loaded on first use
 # (kernels/cuda_loader.c): the program links no CUDA library; a CPU run maps
-# none (nor does --device auto without an NVIDIA GPU); --device cuda loads libmitaseg_cuda.so (which loads without a GPU:
-# the runtime then reports no device); a backend that cannot be loaded fails
-# --device cuda with one line naming it and sends --device auto to the CPU.
+# none (nor does --device auto without an NVIDIA GPU); --device cuda and
+# doctor load libmitaseg_cuda.so (which loads without a GPU: the runtime then
+# reports no device); a backend that cannot be loaded fails --device cuda
+# with one line naming it, sends --device auto to the CPU, and is doctor's
+# no-GPU reason.
 set -u
 . "$(dirname "$0")/common_e2e.sh"
 
@@ -42,7 +44,20 @@ mapped cuda "$BIN" segment --threads 1 --device cuda in/a.png -o o_cuda >cuda.tx
 check "--device cuda: loads libmitaseg_cuda.so" grep -q 'libmitaseg_cuda\.so' cuda.txt
 check "--device cuda: which brings the CUDA runtime" grep -q 'libcudart' cuda.txt
 
+mapped doctor "$BIN" doctor >doctor.txt 2>&1
+check "doctor: loads libmitaseg_cuda.so" grep -q 'libmitaseg_cuda\.so' doctor.txt
+
 missing=$T/nowhere/libmitaseg_cuda.so
+if [ ! -e /dev/nvidia0 ]; then
+    MITASEG_CUDA_LIB=$missing "$BIN" doctor >doctor.txt 2>&1
+    rc=$?
+    check "backend missing, doctor: exit 0 without a GPU" test $rc -eq 0
+    check "backend missing, doctor: says why on the gpus line" \
+        grep -q "^gpus: none: cannot load the CUDA backend $missing: .*; the CPU is used" \
+        doctor.txt
+    check "backend missing, doctor: no made-up versions" \
+        bash -c "! grep -q '^cuda runtime' doctor.txt"
+fi
 MITASEG_CUDA_LIB=$missing "$BIN" segment --threads 1 --device cuda in/a.png -o o_miss \
     >/dev/null 2>err.txt
 rc=$?
@@ -53,8 +68,8 @@ check "backend missing, --device cuda: names the library and why" \
 check "backend missing, --device cuda: no output" test ! -e o_miss/a.png
 
 # (MS_EXPECT_GPU=1: auto tries the GPU even where there is none)
-MITASEG_CUDA_LIB=$missing MS_EXPECT_GPU=1 "$BIN" segment --threads 1 --device auto in/a.png -o o_auto \
-    >/dev/null 2>err.txt
+MITASEG_CUDA_LIB=$missing MS_EXPECT_GPU=1 "$BIN" segment --threads 1 --device auto in/a.png \
+    -o o_auto >/dev/null 2>err.txt
 rc=$?
 check "backend missing, --device auto: exit 0" test $rc -eq 0
 check "backend missing, --device auto: says it runs on the CPU and why" \
