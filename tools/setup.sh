@@ -10,7 +10,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
       libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
 if [ "${1:-}" = "--dev" ]; then
-  pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil)
+  pkgs+=(xvfb xdotool imagemagick valgrind python3 python3-torch python3-numpy python3-pil)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
