@@ -1,6 +1,7 @@
 /* Reading and writing safetensors files: the model file (model-format.md) and
- * the --dump output. The reader mmaps the file and validates every byte range
- * before anything is read. */
+ * the --dump output. The reader reads the file into memory (a file changed
+ * meanwhile is an error, never a crash) and validates every byte range before
+ * anything is used. */
 #ifndef MS_MODEL_FILE_H
 #define MS_MODEL_FILE_H
 
@@ -22,13 +23,13 @@ typedef struct {
     ms_dtype dtype;
     int ndim;
     int64_t shape[MS_MAX_DIMS];
-    const void *data;     /* into the mapping (read) or caller memory (write) */
+    const void *data;     /* into the file's bytes (read) or caller memory (write) */
     size_t nbytes;
 } ms_tensor;
 
 typedef struct ms_model_file ms_model_file;
 
-/* mmap + validate container, header and config. Errors start with the path. */
+/* Read + validate container, header and config. Errors start with the path. */
 ms_status model_file_open(ms_model_file **out, const char *path);
 void model_file_close(ms_model_file *mf);
 /* The same validation of the container, for any safetensors file (goldens,
