@@ -425,8 +425,7 @@ static float f16_to_f32(uint16_t h)
     return f;
 }
 
-ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *dst, int ndim,
-                              const int64_t *shape)
+ms_status model_file_check_f32(const ms_model_file *mf, const char *name, int ndim, const int64_t *shape)
 {
     const ms_tensor *t = model_file_find(mf, name);
     char want[256], got[256];
@@ -439,6 +438,14 @@ ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *
     if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_F16 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F64)
         return ms_error(MS_ERR_FORMAT, "%s: tensor %s has dtype %s, expected F32, F16, BF16 or F64", mf->path,
                         name, dtype_names[t->dtype]);
+    return MS_OK;
+}
+
+ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *dst, int ndim,
+                              const int64_t *shape)
+{
+    MS_TRY(model_file_check_f32(mf, name, ndim, shape));
+    const ms_tensor *t = model_file_find(mf, name);
     size_t n = t->nbytes / dtype_sizes[t->dtype];
     if (n == 0) return MS_OK; /* dst may be NULL for an empty tensor */
     /* The data may be unaligned (any header length is legal), so copy bytes. */

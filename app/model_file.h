@@ -42,9 +42,12 @@ const ms_config *model_file_config(const ms_model_file *mf);
 int model_file_count(const ms_model_file *mf);
 const ms_tensor *model_file_tensor(const ms_model_file *mf, int i);
 const ms_tensor *model_file_find(const ms_model_file *mf, const char *name);
-/* Copies tensor `name` into dst as F32 (F16/BF16 converted), checking that its
- * shape is exactly shape[0..ndim). Missing or misshaped: an error naming the
- * file, the tensor and both shapes. */
+/* Checks that tensor `name` exists with exactly shape[0..ndim) and a float
+ * dtype. Missing or misshaped: an error naming the file, the tensor and both
+ * shapes. */
+ms_status model_file_check_f32(const ms_model_file *mf, const char *name, int ndim, const int64_t *shape);
+/* Copies tensor `name` into dst as F32 (F16/BF16/F64 converted) after
+ * model_file_check_f32. */
 ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *dst,
                               int ndim, const int64_t *shape);
 
