@@ -625,7 +625,9 @@ ms_status batch_segment_tiled(uint8_t *mask, ms_engine *e, ms_result *res,
                               const ms_run_options *opt, const ms_image *img, int tile,
                               int overlap)
 {
-    tile_ctx c = {e, res, opt};
+    ms_run_options with_logits = *opt;
+    with_logits.mask_only = false; /* the windows' logits are summed */
+    tile_ctx c = {e, res, &with_logits};
     return batch_run_tiled(mask, NULL, img->rgb, img->w, img->h, engine_config(e)->n_classes,
                            tile, overlap, run_crop, &c);
 }

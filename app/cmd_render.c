@@ -146,21 +146,19 @@ int cmd_render(int argc, char **argv)
         return 2;
     }
 
-    ms_image img = {0};
-    if (image_read(&img, image) != MS_OK) {
-        cli_error("%s", ms_last_error());
-        return 1;
-    }
     ms_engine *eng = NULL;
-    if (cli_open_engine(&eng, &ea, false)) {
-        image_free(&img);
+    if (cli_open_engine(&eng, &ea, false)) return 1;
+    ms_run_options ro = ea.run;
+    ro.record = true;
+    ms_image img = {0};
+    if (cli_read_image(&img, image, eng, &ro, 0) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        engine_free(eng);
         return 1;
     }
     const ms_config *cfg = engine_config(eng);
     ms_result res;
     memset(&res, 0, sizeof res);
-    ms_run_options ro = ea.run;
-    ro.record = true;
     int rc = 1;
     uint8_t *px = NULL;
     viz_font *font = NULL;

@@ -229,7 +229,9 @@ static void on_job_done(viewer *v)
 static bool load_image(viewer *v, const char *path)
 {
     ms_image img = {0};
-    if (image_read(&img, path) != MS_OK) {
+    ms_run_options ro = v->run;
+    ro.record = true;
+    if (cli_read_image(&img, path, v->eng, &ro, 0) != MS_OK) {
         set_status(v, "%s", ms_last_error());
         vlog(v, "error %s", ms_last_error());
         return false;

@@ -373,6 +373,13 @@ ms_status engine_check_model(const ms_model_file *mf)
     return st;
 }
 
+size_t engine_default_memory_budget(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return SIZE_MAX;
+    return (size_t)pages * (size_t)page / 100 * MS_DEFAULT_MEMORY_PERCENT;
+}
+
 ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt)
 {
     *out = NULL;
@@ -387,12 +394,7 @@ ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_o
     }
     e->cfg = model_file_config(e->mf);
     backend_set_threads(&e->be, opt->threads);
-    e->max_memory = opt->max_memory;
-    if (!e->max_memory) {
-        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        e->max_memory = pages > 0 && page > 0 ? (size_t)pages * (size_t)page / 100 * MS_DEFAULT_MEMORY_PERCENT
-                                              : SIZE_MAX;
-    }
+    e->max_memory = opt->max_memory ? opt->max_memory : engine_default_memory_budget();
     st = engine_load(e);
     if (st == MS_OK) st = engine_setup_device(e, opt);
 #ifdef MS_HAVE_CUDA
@@ -513,13 +515,14 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
 /* One image's network logits must be finite: NaN/Inf (overflowing weights or
  * activations) would otherwise argmax to an arbitrary class. On CUDA the
  * check reads a host copy (the network-size logits, not the image-size). */
-static ms_status check_finite_logits(ms_engine *e, engine_plan *pl, const float *net, size_t n)
+static ms_status check_finite_logits(ms_engine *e, const ms_backend *be, engine_plan *pl,
+                                     const float *net, size_t n)
 {
-    if (e->be.dry_run) return MS_OK;
+    if (be->dry_run) return MS_OK;
     (void)pl;
     const float *h = net;
 #ifdef MS_HAVE_CUDA
-    if (e->be.device == MS_DEVICE_CUDA) {
+    if (be->device == MS_DEVICE_CUDA) {
         MS_TRY(cuda_copy_d2h(e->cu, pl->host_net, net, n * sizeof(float)));
         MS_TRY(cuda_sync(e->cu));
         h = pl->host_net;
@@ -544,11 +547,10 @@ typedef struct {
 
 /* The whole forward pass of a batch on the plan's arena; in a dry run only
  * sizes. The backbone runs once over the batch; the rest image by image. */
-static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometry *g,
-                                run_buffers *rb, const ms_trace *tr)
+static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
+                                const run_geometry *g, run_buffers *rb, const ms_trace *tr)
 {
     const ms_config *c = e->cfg;
-    ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
     const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes, B = g->batch;
     const int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
@@ -615,7 +617,7 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
         MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
         ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
         MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
-        MS_TRY(check_finite_logits(e, pl, net_logits, (size_t)K * h0 * w0));
+        MS_TRY(check_finite_logits(e, be, pl, net_logits, (size_t)K * h0 * w0));
 
         /* spec 3.6: to the network input size, crop the padding, to the image. */
         ALLOC(full, (size_t)K * in_px * sizeof(float));
@@ -672,7 +674,9 @@ static size_t result_bytes(const run_geometry *g, const ms_config *c)
 static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_bytes,
                               size_t *host_bytes)
 {
-    ms_backend *be = &e->be;
+    /* A private copy of the backend: another thread may be running the
+     * engine (segment checks images as it decodes them). */
+    ms_backend dry = e->be, *be = &dry;
     engine_plan sizing = {0};
     ms_arena *act = &sizing.act;
     act->device = be->device;
@@ -681,9 +685,7 @@ static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_b
     be->scratch = act;
     run_buffers rb;
     sizing.pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
-    ms_status st = engine_forward(e, &sizing, g, &rb, NULL);
-    be->dry_run = false;
-    be->scratch = NULL;
+    ms_status st = engine_forward(e, be, &sizing, g, &rb, NULL);
     *act_bytes = act->high;
     int h0, w0;
     neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
@@ -789,8 +791,6 @@ ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_ru
     ms_run_options defaults = {.attention = -1};
     run_geometry g;
     MS_TRY(plan_geometry(&g, e->cfg, count, h, w, opt ? opt : &defaults));
-    for (int i = 0; i < MS_MAX_PLANS; i++)
-        if (plan_matches(&e->plans[i], &g)) return MS_OK; /* already allocated */
     size_t act_bytes, host_bytes;
     MS_TRY(plan_measure(e, &g, &act_bytes, &host_bytes));
     size_t total = plan_host_total(e, act_bytes, host_bytes);
@@ -892,7 +892,7 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
     arena_reset(&pl->act, pl->act_base);
     e->be.scratch = &pl->act;
     run_buffers rb;
-    ms_status st = engine_forward(e, pl, &g, &rb, &e->trace);
+    ms_status st = engine_forward(e, &e->be, pl, &g, &rb, &e->trace);
     const ms_config *c = e->cfg;
     size_t dh = (size_t)c->depth * c->num_heads;
     size_t n_logits = (size_t)c->n_classes * px, n_topk = dh * g.mita.gh * g.mita.gw * g.mita.topk;

@@ -96,6 +96,8 @@ void result_free(ms_result *res);
 ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_run_options *opt,
                               size_t extra_bytes);
 size_t engine_memory_budget(const ms_engine *e);
+/* Half of physical memory: the budget when ms_engine_options.max_memory is 0. */
+size_t engine_default_memory_budget(void);
 
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
 ms_status result_write_dump(const ms_result *res, const char *path);
