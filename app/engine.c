@@ -586,7 +586,7 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     if (resized_in) ALLOC(resized, (size_t)3 * g->rh * g->rw * sizeof(float)); /* one image */
     const int64_t in_shape[3] = {3, g->ph, g->pw};
     for (int b = 0; b < B; b++) {
-        const float *raw_b = raw + b * 3 * px; /* (3, h, w) */
+        const float *raw_b = raw ? raw + b * 3 * px : NULL; /* (3, h, w); NULL when sizing */
         float *input_b = rb->input + b * 3 * in_px; /* (3, ph, pw) */
         if (resized_in)
             MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->h, g->w, g->rh, g->rw, 0, 0));

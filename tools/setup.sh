@@ -2,7 +2,8 @@
 # Installs the Debian packages mitaseg needs and builds it into build/.
 # Usage: bash tools/setup.sh [--dev]    (as root, or with sudo available)
 #   --dev  also what the tests and tools need: Check, Xvfb + xdotool for the
-#          viewer test, PyTorch for the reference model and training.
+#          viewer test, valgrind, clang with libFuzzer for tests/fuzz,
+#          PyTorch for the reference model and training.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +11,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
       libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
 if [ "${1:-}" = "--dev" ]; then
-  pkgs+=(xvfb xdotool imagemagick valgrind python3 python3-torch python3-numpy python3-pil)
+  pkgs+=(xvfb xdotool imagemagick valgrind clang libclang-rt-dev libomp-dev python3 python3-torch python3-numpy python3-pil)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
