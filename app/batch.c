@@ -491,6 +491,9 @@ ms_status batch_make_parent_dirs(const char *path)
     return MS_OK;
 }
 
+/* Windows per pixel a tiling may average; overlap 3/4 of the tile gives 16. */
+#define MS_TILE_MAX_RUNS 16
+
 int batch_tile_starts(int *starts, int len, int tile, int overlap)
 {
     if (len <= tile) {
@@ -521,6 +524,13 @@ ms_status batch_run_tiled(uint8_t *mask, float *logits, const uint8_t *rgb, int 
     int ny = batch_tile_starts(NULL, h, tile, overlap);
     int nx = batch_tile_starts(NULL, w, tile, overlap);
     size_t plane = (size_t)w * h, total;
+    /* Work absurd for the image's size (a 16-pixel tile with overlap 15 runs
+     * each pixel 256 times) is refused up front rather than ground through. */
+    double runs = (double)nx * ny * (w < tile ? w : tile) * (h < tile ? h : tile) / (double)plane;
+    if (runs > MS_TILE_MAX_RUNS)
+        return ms_error(MS_ERR_ARG,
+                        "--tile %d --overlap %d would run each pixel %.0f times (at most %d): "
+                        "use a smaller overlap", tile, overlap, runs, MS_TILE_MAX_RUNS);
     if (!ms_mul_size(&total, plane, (size_t)classes))
         return ms_error(MS_ERR_ARG, "tiling: %dx%d x %d classes overflows", w, h, classes);
     int *ys = malloc((size_t)ny * sizeof *ys), *xs = malloc((size_t)nx * sizeof *xs);

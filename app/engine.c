@@ -377,7 +377,15 @@ size_t engine_default_memory_budget(void)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     if (pages <= 0 || page <= 0) return SIZE_MAX;
-    return (size_t)pages * (size_t)page / 100 * MS_DEFAULT_MEMORY_PERCENT;
+    size_t mem = (size_t)pages * (size_t)page;
+    /* In a container the cgroup's limit (v2) is what the OOM killer uses. */
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        unsigned long long lim;
+        if (fscanf(f, "%llu", &lim) == 1 && lim > 0 && lim < mem) mem = (size_t)lim;
+        fclose(f);
+    }
+    return mem / 100 * MS_DEFAULT_MEMORY_PERCENT;
 }
 
 ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt)

@@ -17,7 +17,7 @@ typedef struct {
     int device_index;   /* CUDA: which GPU (0-based, counted within
                          * CUDA_VISIBLE_DEVICES); 0 when unset */
     size_t max_memory;  /* host bytes a run may hold, weights included;
-                         * 0: half of physical memory */
+                         * 0: engine_default_memory_budget() */
 } ms_engine_options;
 
 /* Per-run attention override; zero/negative fields keep the model's. */
@@ -96,7 +96,8 @@ void result_free(ms_result *res);
 ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_run_options *opt,
                               size_t extra_bytes);
 size_t engine_memory_budget(const ms_engine *e);
-/* Half of physical memory: the budget when ms_engine_options.max_memory is 0. */
+/* Half of physical memory (or of the cgroup's limit when lower): the budget
+ * when ms_engine_options.max_memory is 0. */
 size_t engine_default_memory_budget(void);
 
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
