@@ -2,8 +2,10 @@
 # Installs the Debian packages mitaseg needs and builds it into build/.
 # Usage: bash tools/setup.sh [--dev]    (as root, or with sudo available)
 #   --dev  also what the tests and tools need: Check, Xvfb + xdotool for the
-#          viewer test, valgrind, clang with libFuzzer for tests/fuzz,
-#          PyTorch for the reference model and training.
+#          viewer test, PyTorch for the reference model and training, Slurm,
+#          munge and GNU parallel for the cluster test, python3-venv for the
+#          ONNX Runtime virtualenv (tools/ort_venv.py: benchmark, export test),
+#          valgrind, clang with libFuzzer and libomp for tests/fuzz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,7 +13,9 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
       libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
 if [ "${1:-}" = "--dev" ]; then
-  pkgs+=(xvfb xdotool imagemagick valgrind clang libclang-rt-dev libomp-dev python3 python3-torch python3-numpy python3-pil)
+  pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
+         slurmctld slurmd slurm-client munge parallel
+         valgrind clang libclang-rt-dev libomp-dev)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
