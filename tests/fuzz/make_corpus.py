@@ -4,17 +4,14 @@ rather than committed:
 
   /usr/bin/python3 tests/fuzz/make_corpus.py OUT_DIR
 
-OUT_DIR/model: micro models (a few KB: patch and conv stems, every neck, full
-and MiTA attention, F32/F16/BF16 weights; random weights from
-tools/mitaseg_ref.py) plus the small test fixtures; OUT_DIR/image: PNGs of
-every colour type and bit depth (palette with transparency, 16-bit, 1-bit,
-JPEGs (baseline, progressive, grey, CMYK, EXIF-rotated) and
-label PNGs (8-bit grey, palette, 4-bit). Needs numpy and PIL; PyTorch for the
-micro models (without it only the fixtures seed the model corpus).
+OUT_DIR/model: micro models (20-40 KB: patch and conv stems, every neck, full
+and MiTA attention, F32/F16/BF16 weights; tools/gen_fixtures.py's config
+shrunk, random weights from tools/mitaseg_ref.py); OUT_DIR/image: PNGs of
+every colour type and bit depth (palette with transparency, 16-bit, 1-bit),
+JPEGs (baseline, progressive, grey, CMYK, EXIF-rotated) and label PNGs (8-bit grey, palette, 2-bit). Needs numpy and PIL; PyTorch for the
+micro models (without it the test fixtures seed the model corpus).
 """
 import glob
-import io
-import json
 import os
 import shutil
 import sys
@@ -24,48 +21,41 @@ from PIL import Image
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-PALETTE = [[128, 128, 128], [128, 64, 128], [64, 0, 128]]
+PALETTE = [[128, 128, 128], [128, 64, 128], [64, 0, 128]]  # label PNGs
 
 
-def micro_cfg(**kw):
-    cfg = {
-        "backbone": {"patch_size": 4, "embed_dim": 8, "depth": 4, "num_heads": 2,
-                     "stem": {"type": "patch"}, "pos_grid": [2, 3], "out_indices": [0, 1, 2, 3],
-                     "attention": {"type": "mita", "landmarks": [2, 2], "topk": 3}},
-        "neck": {"type": "mln", "out_channels": 4},
-        "decoder": {"type": "uperhead", "channels": 4, "pool_scales": [1, 2]},
-        "classes": ["a", "b", "c"], "palette": PALETTE,
-        "input": {"short_side": 12, "pad_multiple": 4},
-    }
-    for path, v in kw.items():
-        d = cfg
-        keys = path.split("__")
-        for k in keys[:-1]:
-            d = d[k]
-        d[keys[-1]] = v
-    return cfg
+def micro_cfg(base_cfg, **kw):
+    """gen_fixtures' test config shrunk to a few KB of weights, then kw."""
+    small = dict(backbone__patch_size=4, backbone__embed_dim=8, backbone__pos_grid=[2, 3],
+                 backbone__attention={"type": "mita", "landmarks": [2, 2], "topk": 3},
+                 neck={"type": "mln", "out_channels": 4},
+                 decoder={"type": "uperhead", "channels": 4, "pool_scales": [1, 2]},
+                 input={"short_side": 12, "pad_multiple": 4})
+    small.update(kw)
+    return base_cfg(**small)
 
 
 def models(out):
     os.makedirs(out, exist_ok=True)
-    for f in glob.glob(os.path.join(ROOT, "tests", "fixtures", "*.model.safetensors")):
-        if os.path.getsize(f) < 64 * 1024:  # small seeds mutate faster
-            shutil.copy(f, out)
     try:
         import torch
         sys.path.insert(0, os.path.join(ROOT, "tools"))
         import mitaseg_ref as R
+        from gen_fixtures import base_cfg
     except ImportError as e:
-        print("note: no micro models (%s)" % e)
+        # The fixtures are valid seeds too, only larger (slower to mutate).
+        print("note: no micro models (%s); seeding with the test fixtures" % e)
+        for f in glob.glob(os.path.join(ROOT, "tests", "fixtures", "*.model.safetensors")):
+            shutil.copy(f, out)
         return
     torch.manual_seed(7)
     cases = {
-        "patch_mln_mita": (micro_cfg(), "F32"),
-        "conv_fpn_f16": (micro_cfg(backbone__stem={"type": "conv", "channels": [4, 8]},
+        "patch_mln_mita": (micro_cfg(base_cfg), "F32"),
+        "conv_fpn_f16": (micro_cfg(base_cfg, backbone__stem={"type": "conv", "channels": [4, 8]},
                                    neck={"type": "fpn-deconv"}), "F16"),
-        "full_none_bf16": (micro_cfg(backbone__attention={"type": "full"}, neck={"type": "none"},
-                                     backbone__final_norm=True), "BF16"),
-        "native_size": (micro_cfg(input={"short_side": None, "pad_multiple": 8}), "F32"),
+        "full_none_bf16": (micro_cfg(base_cfg, backbone__attention={"type": "full"},
+                                     neck={"type": "none"}, backbone__final_norm=True), "BF16"),
+        "native_size": (micro_cfg(base_cfg, input={"short_side": None, "pad_multiple": 8}), "F32"),
     }
     for name, (cfg, dt) in cases.items():
         model = R.MitaSeg(cfg).eval()
