@@ -14,7 +14,6 @@ resized (PIL, bilinear) to each size.
 """
 import argparse
 import os
-import resource
 import subprocess
 import sys
 import tempfile

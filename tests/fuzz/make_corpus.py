@@ -8,8 +8,9 @@ OUT_DIR/model: micro models (20-40 KB: patch and conv stems, every neck, full
 and MiTA attention, F32/F16/BF16 weights; tools/gen_fixtures.py's config
 shrunk, random weights from tools/mitaseg_ref.py); OUT_DIR/image: PNGs of
 every colour type and bit depth (palette with transparency, 16-bit, 1-bit),
-JPEGs (baseline, progressive, grey, CMYK, EXIF-rotated) and label PNGs (8-bit grey, palette, 2-bit). Needs numpy and PIL; PyTorch for the
-micro models (without it the test fixtures seed the model corpus).
+JPEGs (baseline, progressive, grey, CMYK, EXIF-rotated) and label PNGs
+(8-bit grey, palette, 2-bit). Needs numpy and PIL; PyTorch for the micro
+models (without it the test fixtures seed the model corpus).
 """
 import glob
 import os
