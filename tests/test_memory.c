@@ -84,7 +84,11 @@ END_TEST
 
 START_TEST(test_mask_only_same_mask_default_model)
 {
-    /* The shipped model (short side 360), upsampled to a 500x301 image. */
+    /* The shipped model (short side 360), upsampled to a 500x301 image. Not
+     * under ASan (a minute there); the fixture cases cover the code. */
+#ifdef __SANITIZE_ADDRESS__
+    return;
+#endif
     char path[4096];
     snprintf(path, sizeof path, "%s/assets/models/camvid-mita.safetensors",
              getenv("MS_SRC") ? getenv("MS_SRC") : ".");
