@@ -127,7 +127,9 @@ int cmd_info(int argc, char **argv)
     }
     const ms_config *c = model_file_config(mf);
 
-    printf("model: %s\n\nconfig:\n", model_file_path(mf));
+    fputs("model: ", stdout);
+    cli_fputs_escaped(model_file_path(mf), stdout);
+    printf("\n\nconfig:\n");
     cJSON *j = cJSON_Parse(c->json);
     char *pretty = j ? cJSON_Print(j) : NULL;
     puts(pretty ? pretty : c->json);
@@ -201,7 +203,11 @@ int cmd_info(int argc, char **argv)
         fmt_count(cnt, sizeof cnt, other);
         printf("  other tensors          %s integer elements\n", cnt);
     }
-    if (c->provenance && *c->provenance) printf("  provenance             %s\n", c->provenance);
+    if (c->provenance && *c->provenance) { /* free text from the file: escaped */
+        fputs("  provenance             ", stdout);
+        cli_fputs_escaped(c->provenance, stdout);
+        putchar('\n');
+    }
 
     if (tensors) {
         printf("\ntensors (%d):\n", nt);

@@ -3,6 +3,7 @@
  * and runs preprocess -> ViT -> neck -> UperHead -> logits -> mask
  * (mita-spec 1-4) on a batch of same-size images. */
 #include "engine.h"
+#include "selftest.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -14,6 +15,7 @@
 
 #include "../backbone/vit.h"
 #include "../decoder/decoder.h"
+#include "../kernels/elementwise.h" /* slide_windows, slide_start */
 #include "../kernels/pool.h"
 #include "model_file.h"
 #ifdef MS_HAVE_CUDA
@@ -29,7 +31,7 @@ typedef struct {
     bool used;
     uint64_t last_use;
     int h, w, batch, attention, gh, gw, topk;
-    bool record, mask_only;
+    bool record, keep_blocks, mask_only;
     ms_arena act;
     float *pos;             /* (n, C) resized position embedding, in act */
     size_t act_base;        /* act mark after pos: reset point for each run */
@@ -202,8 +204,21 @@ static void load_weights(loader *ld, ms_engine *e)
         }
         load_conv(ld, &v->stem_proj, C, ci, 1, 1, true, false, "backbone.stem.proj");
     }
-    int64_t pos_shape[3] = {1, (int64_t)c->pos_grid[0] * c->pos_grid[1], C};
+    int nc = c->cls_token ? 1 : 0;
+    if (!nc && ld->st == MS_OK && model_file_find(ld->mf, "backbone.cls_token")) {
+        /* Running without it would silently drop a token the weights rely on. */
+        ld->st = ms_error(MS_ERR_FORMAT,
+                          "%s: has a tensor backbone.cls_token but the config's "
+                          "backbone.cls_token is not true",
+                          model_file_path(ld->mf));
+        return;
+    }
+    int64_t pos_shape[3] = {1, nc + (int64_t)c->pos_grid[0] * c->pos_grid[1], C};
     v->pos_embed = load(ld, 3, pos_shape, "backbone.pos_embed");
+    if (nc) {
+        int64_t cls_shape[3] = {1, 1, C};
+        v->cls_token = load(ld, 3, cls_shape, "backbone.cls_token");
+    }
     v->blocks = calloc((size_t)c->depth, sizeof *v->blocks);
     if (!v->blocks) {
         ld->st = ms_error(MS_ERR_OOM, "out of memory: %d block descriptors", c->depth);
@@ -283,6 +298,7 @@ static void rebase_weights(ms_engine *e, const ms_arena *from, const ms_arena *t
     for (int i = 0; i < MS_MAX_STEM; i++) rebase_conv(&v->stem[i], from, to);
     rebase_conv(&v->stem_proj, from, to);
     rebase_ptr(&v->pos_embed, from, to);
+    rebase_ptr(&v->cls_token, from, to);
     rebase_ptr(&v->norm_w, from, to);
     rebase_ptr(&v->norm_b, from, to);
     for (int i = 0; i < e->cfg->depth; i++) {
@@ -310,9 +326,21 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
 {
     e->device = MS_DEV_CPU;
     snprintf(e->device_name, sizeof e->device_name, "CPU (%d threads)", e->be.threads);
-    if (opt->device == MS_DEV_CPU) return MS_OK;
+    if (opt->device == MS_DEV_CPU) {
+        e->be.tc_round = opt->tc_round;
+        return MS_OK;
+    }
 #ifdef MS_HAVE_CUDA
     ms_status st = cuda_ctx_init(&e->cu, opt->device_index);
+    /* auto never picks a GPU that fails its self-test (run once per process) */
+    char why[256];
+    if (st == MS_OK && opt->device == MS_DEV_AUTO &&
+        !selftest_cuda_usable(e->cu, opt->device_index, why, sizeof why)) {
+        st = ms_error(MS_ERR_UNSUPPORTED, "%s failed its self-test (mitaseg doctor): %s",
+                      cuda_ctx_name(e->cu), why);
+        cuda_ctx_free(e->cu);
+        e->cu = NULL;
+    }
     if (st == MS_OK) {
         e->device = MS_DEV_CUDA;
         e->be.device = MS_DEVICE_CUDA;
@@ -478,9 +506,15 @@ void mita_landmark_window(int *r0, int *r1, int *c0, int *c1, int m, int hp, int
 typedef struct {
     int batch;              /* images in the pass, all h x w */
     int h, w, rh, rw, ph, pw, hp, wp, n;
+    int ncls, seq;          /* class tokens (0 or 1); seq = ncls + n tokens */
+    /* Sliding windows on the working-size image (mmseg slide_inference):
+     * ny x nx windows of wh x ww at strides sh, sw; ph..n above are one
+     * window's network input. Without: one window, the whole image. */
+    bool slide;
+    int wh, ww, sh, sw, ny, nx, nwin;
     ms_attn_type attention;
     ms_mita_params mita;
-    bool record, mask_only;
+    bool record, keep_blocks, mask_only;
 } run_geometry;
 
 static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, int h, int w,
@@ -496,22 +530,38 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
         if (g->rh < 1) g->rh = 1;
         if (g->rw < 1) g->rw = 1;
     }
+    g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
+    g->record = opt->record && g->attention == MS_ATTN_MITA;
+    g->keep_blocks = opt->keep_blocks;
+    /* Records (viewer, --dump) and kept block outputs need one token grid:
+     * those runs take the whole image even when the model has a sliding
+     * window. (The plan cache keys on both, so this keeps plans apart.) */
+    g->slide = c->slide_crop[0] > 0 && !g->record && !g->keep_blocks;
+    g->wh = g->rh, g->ww = g->rw, g->sh = g->sw = 1;
+    if (g->slide) {
+        g->wh = c->slide_crop[0] < g->rh ? c->slide_crop[0] : g->rh;
+        g->ww = c->slide_crop[1] < g->rw ? c->slide_crop[1] : g->rw;
+        g->sh = c->slide_stride[0], g->sw = c->slide_stride[1];
+    }
+    g->ny = slide_windows(g->rh, g->wh, g->sh), g->nx = slide_windows(g->rw, g->ww, g->sw);
+    g->nwin = g->ny * g->nx;
     int m = c->pad_multiple > 0 ? c->pad_multiple : 1, p = c->patch_size;
-    g->ph = (g->rh + m - 1) / m * m;
-    g->pw = (g->rw + m - 1) / m * m;
+    g->ph = (g->wh + m - 1) / m * m;
+    g->pw = (g->ww + m - 1) / m * m;
     g->ph = (g->ph + p - 1) / p * p; /* the grid needs whole patches */
     g->pw = (g->pw + p - 1) / p * p;
     g->hp = g->ph / p, g->wp = g->pw / p, g->n = g->hp * g->wp;
-    if ((int64_t)g->ph * g->pw > ((int64_t)1 << 28))
-        return ms_error(MS_ERR_ARG, "network input %dx%d is too large", g->pw, g->ph);
-    g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
+    g->ncls = c->cls_token ? 1 : 0, g->seq = g->ncls + g->n;
+    if ((int64_t)g->ph * g->pw * g->nwin > ((int64_t)1 << 28))
+        return ms_error(MS_ERR_ARG, "network input %dx%d%s is too large", g->pw, g->ph,
+                        g->nwin > 1 ? " in sliding windows" : "");
     int gh = opt->gh > 0 ? opt->gh : c->attn.gh, gw = opt->gw > 0 ? opt->gw : c->attn.gw;
     int k = opt->topk > 0 ? opt->topk : c->attn.topk;
     g->mita.gh = gh < g->hp ? gh : g->hp;   /* spec 2.1: clamp G to the grid */
     g->mita.gw = gw < g->wp ? gw : g->wp;
-    g->mita.topk = k < g->n ? k : g->n;     /* spec 2.2: clamp k to N */
+    g->mita.topk = k < g->seq ? k : g->seq; /* spec 2.2: clamp k to the keys */
     g->mita.shared_scale_d = c->attn.shared_scale_d;
-    g->record = opt->record && g->attention == MS_ATTN_MITA;
+    g->mita.ncls = g->ncls;
     g->mask_only = opt->mask_only;
     return MS_OK;
 }
@@ -549,9 +599,28 @@ typedef struct {
     float *logits;        /* (B, classes, h, w), NULL when mask_only */
     uint8_t *mask;        /* (B, h, w) */
     int32_t *topk_idx;    /* (B, depth, heads, m, k) or NULL */
-    int32_t *route;       /* (B, depth, heads, n) or NULL */
-    float *shared_mass;   /* (B, depth, heads, n) or NULL */
+    int32_t *route;       /* (B, depth, heads, seq) or NULL */
+    float *shared_mass;   /* (B, depth, heads, seq) or NULL */
+    float *blocks;        /* (B, depth, n, C) grid tokens' block outputs, or NULL */
 } run_buffers;
+
+/* Head logits (K, h0, w0) of a (ph, pw) network input -> (K, th, tw), the
+ * unpadded size: resized to the input and the padding cropped (spec 3.6),
+ * or, as mmseg does, resized straight to the unpadded size. */
+static ms_status logits_unpad(ms_backend *be, ms_arena *act, float *out /* (K, th, tw) */,
+                              const float *net /* (K, h0, w0) */, const ms_config *c, int h0,
+                              int w0, int ph, int pw, int th, int tw)
+{
+    int K = c->n_classes;
+    if (c->padded_logits_resize) return op_resize_bilinear(be, out, net, K, h0, w0, th, tw, 0, 0);
+    size_t mark = arena_mark(act);
+    float *full = arena_alloc(act, (size_t)K * ph * pw * sizeof(float)); /* (K, ph, pw) */
+    if (!full) return MS_ERR_OOM;
+    MS_TRY(op_resize_bilinear(be, full, net, K, h0, w0, ph, pw, 0, 0));
+    MS_TRY(op_crop(be, out, full, K, ph, pw, th, tw));
+    arena_reset(act, mark);
+    return MS_OK;
+}
 
 /* The whole forward pass of a batch on the plan's arena; in a dry run only
  * sizes. The backbone runs once over the batch; the rest image by image. */
@@ -561,8 +630,9 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     const ms_config *c = e->cfg;
     ms_arena *act = &pl->act;
     const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes, B = g->batch;
-    const int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
+    const int M = g->mita.gh * g->mita.gw, k = g->mita.topk, NW = g->nwin;
     const size_t px = (size_t)g->h * g->w, in_px = (size_t)g->ph * g->pw;
+    const size_t rpx = (size_t)g->rh * g->rw;
 #define ALLOC(ptr, bytes)                                          \
     do {                                                           \
         (ptr) = arena_alloc(act, (bytes));                         \
@@ -576,13 +646,15 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     if (g->record) {
         size_t layers = (size_t)B * c->depth * heads;
         ALLOC(rb->topk_idx, layers * M * k * sizeof(int32_t));
-        ALLOC(rb->route, layers * g->n * sizeof(int32_t));
-        ALLOC(rb->shared_mass, layers * g->n * sizeof(float));
+        ALLOC(rb->route, layers * g->seq * sizeof(int32_t));
+        ALLOC(rb->shared_mass, layers * g->seq * sizeof(float));
     }
+    rb->blocks = NULL;
+    if (g->keep_blocks) ALLOC(rb->blocks, (size_t)B * c->depth * g->n * C * sizeof(float));
     /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
-     * normalised, padded into (B, 3, ph, pw). */
-    float *raw = pl->host_in, *resized = NULL; /* the CPU reads the staging in place */
-    ALLOC(rb->input, (size_t)B * 3 * in_px * sizeof(float));
+ * and per window cut out, normalised, padded into (B*NW, 3, ph, pw). */
+    float *raw = pl->host_in, *resized = NULL, *win = NULL; /* the CPU reads the staging in place */
+    ALLOC(rb->input, (size_t)B * NW * 3 * in_px * sizeof(float));
 #ifdef MS_HAVE_CUDA
     if (be->device == MS_DEVICE_CUDA) {
         ALLOC(raw, (size_t)B * 3 * px * sizeof(float));
@@ -591,55 +663,85 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     }
 #endif
     bool resized_in = g->rh != g->h || g->rw != g->w;
-    if (resized_in) ALLOC(resized, (size_t)3 * g->rh * g->rw * sizeof(float)); /* one image */
+    if (resized_in) ALLOC(resized, 3 * rpx * sizeof(float)); /* one image */
+    if (g->slide) ALLOC(win, (size_t)3 * g->wh * g->ww * sizeof(float));
     const int64_t in_shape[3] = {3, g->ph, g->pw};
     for (int b = 0; b < B; b++) {
         const float *raw_b = raw ? raw + b * 3 * px : NULL; /* (3, h, w); NULL when sizing */
-        float *input_b = rb->input + b * 3 * in_px; /* (3, ph, pw) */
         if (resized_in)
             MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->h, g->w, g->rh, g->rw, 0, 0));
-        MS_TRY(op_normalize_pad(be, input_b, resized_in ? resized : raw_b, g->rh, g->rw, g->ph,
-                                g->pw, c->mean, c->stdv));
-        MS_TRY(trace_emit(be, tr, "input", input_b, 3, in_shape));
+        const float *src = resized_in ? resized : raw_b; /* (3, rh, rw) */
+        for (int wi = 0; wi < NW; wi++) {
+            float *input_b = rb->input + ((size_t)b * NW + wi) * 3 * in_px; /* (3, ph, pw) */
+            const float *wsrc = src;
+            if (g->slide) { /* the window: a strided view of src, copied out */
+                int y0 = slide_start(wi / g->nx, g->rh, g->wh, g->sh);
+                int x0 = slide_start(wi % g->nx, g->rw, g->ww, g->sw);
+                MS_TRY(op_crop(be, win, src + (size_t)y0 * g->rw + x0, 3, g->rh, g->rw, g->wh,
+                               g->ww));
+                wsrc = win;
+            }
+            MS_TRY(op_normalize_pad(be, input_b, wsrc, g->wh, g->ww, g->ph, g->pw, c->mean,
+                                    c->stdv));
+            MS_TRY(trace_emit(be, tr, "input", input_b, 3, in_shape));
+        }
     }
-    const int64_t pos_shape[2] = {g->n, C};
+    const int64_t pos_shape[2] = {g->seq, C};
     MS_TRY(trace_emit(be, tr, "pos_embed", pl->pos, 2, pos_shape));
 
-    float *taps[4]; /* each (B, C, hp, wp) */
-    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)B * C * g->n * sizeof(float));
+    float *taps[4]; /* each (B*NW, C, hp, wp) */
+    for (int j = 0; j < 4; j++) ALLOC(taps[j], (size_t)B * NW * C * g->n * sizeof(float));
     vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
-                   .route = rb->route, .shared_mass = rb->shared_mass};
-    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B, g->ph, g->pw,
+                   .route = rb->route, .shared_mass = rb->shared_mass,
+                   .blocks = rb->blocks};
+    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph, g->pw,
                        tr));
 
-    /* Neck, head and postprocessing per image, each on the same scratch. */
+    /* Neck, head and postprocessing per image (and window), each on the same
+     * scratch. */
     int h0, w0;
     neck_level_size(&h0, &w0, c, 0, g->hp, g->wp);
     const int64_t lg_shape[3] = {K, g->h, g->w};
     for (int b = 0; b < B; b++) {
         size_t mark = arena_mark(act);
-        float *taps_b[4], *levels[4], *net_logits, *full, *crop;
-        for (int j = 0; j < 4; j++) taps_b[j] = taps[j] + (size_t)b * C * g->n; /* (C, hp, wp) */
         float *logits_b = rb->logits ? rb->logits + b * K * px : NULL; /* (K, h, w) */
         uint8_t *mask_b = rb->mask + b * px; /* (h, w) */
-        MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
+        /* logits at the working size, unpadded (the image's when not resized) */
+        float *work = resized_in ? NULL : logits_b; /* (K, rh, rw) */
+        if (!work) ALLOC(work, (size_t)K * rpx * sizeof(float));
+        float *net_logits, *wl = NULL;
         ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
-        MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
-        MS_TRY(check_finite_logits(e, be, pl, net_logits, (size_t)K * h0 * w0));
-
-        /* spec 3.6: to the network input size, crop the padding, to the image. */
-        ALLOC(full, (size_t)K * in_px * sizeof(float));
-        MS_TRY(op_resize_bilinear(be, full, net_logits, K, h0, w0, g->ph, g->pw, 0, 0));
-        crop = resized_in || !logits_b ? NULL : logits_b;
-        if (!crop) ALLOC(crop, (size_t)K * g->rh * g->rw * sizeof(float));
-        MS_TRY(op_crop(be, crop, full, K, g->ph, g->pw, g->rh, g->rw));
+        if (g->slide) ALLOC(wl, (size_t)K * g->wh * g->ww * sizeof(float)); /* one window */
+        for (int wi = 0; wi < NW; wi++) {
+            size_t wmark = arena_mark(act);
+            float *taps_b[4], *levels[4];
+            for (int j = 0; j < 4; j++) /* (C, hp, wp) */
+                taps_b[j] = taps[j] + ((size_t)b * NW + wi) * C * g->n;
+            MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
+            MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
+            MS_TRY(check_finite_logits(e, be, pl, net_logits, (size_t)K * h0 * w0));
+            if (!g->slide) {
+                MS_TRY(logits_unpad(be, act, work, net_logits, c, h0, w0, g->ph, g->pw, g->rh,
+                                    g->rw));
+            } else { /* summed where windows overlap, then averaged by count */
+                int y0 = slide_start(wi / g->nx, g->rh, g->wh, g->sh);
+                int x0 = slide_start(wi % g->nx, g->rw, g->ww, g->sw);
+                MS_TRY(logits_unpad(be, act, wl, net_logits, c, h0, w0, g->ph, g->pw, g->wh,
+                                    g->ww));
+                MS_TRY(op_window_add(be, work, wl, K, g->rh, g->rw, g->wh, g->ww, y0, x0,
+                                     wi == 0));
+            }
+            arena_reset(act, wmark);
+        }
+        if (g->slide)
+            MS_TRY(op_window_average(be, work, K, g->rh, g->rw, g->wh, g->ww, g->sh, g->sw));
         if (logits_b) {
             if (resized_in)
-                MS_TRY(op_resize_bilinear(be, logits_b, crop, K, g->rh, g->rw, g->h, g->w, 0, 0));
+                MS_TRY(op_resize_bilinear(be, logits_b, work, K, g->rh, g->rw, g->h, g->w, 0, 0));
             MS_TRY(trace_emit(be, tr, "logits", logits_b, 3, lg_shape));
             MS_TRY(op_argmax(be, mask_b, logits_b, K, g->h, g->w));
         } else if (!resized_in) {
-            MS_TRY(op_argmax(be, mask_b, crop, K, g->h, g->w));
+            MS_TRY(op_argmax(be, mask_b, work, K, g->h, g->w));
         } else {
             /* The same resize, a band of rows at a time, then its argmax. */
             int rows = g->h < MS_MASK_BAND_ROWS ? g->h : MS_MASK_BAND_ROWS;
@@ -647,7 +749,7 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
             ALLOC(band, (size_t)K * rows * g->w * sizeof(float));
             for (int y0 = 0; y0 < g->h; y0 += rows) {
                 int y1 = y0 + rows < g->h ? y0 + rows : g->h;
-                MS_TRY(op_resize_bilinear_rows(be, band, crop, K, g->rh, g->rw, g->h, g->w, y0,
+                MS_TRY(op_resize_bilinear_rows(be, band, work, K, g->rh, g->rw, g->h, g->w, y0,
                                                y1));
                 MS_TRY(op_argmax(be, mask_b + (size_t)y0 * g->w, band, K, y1 - y0, g->w));
             }
@@ -663,7 +765,8 @@ static bool plan_matches(const engine_plan *pl, const run_geometry *g)
     return pl->used && pl->h == g->h && pl->w == g->w && pl->batch == g->batch &&
            pl->attention == (int)g->attention &&
            pl->gh == g->mita.gh && pl->gw == g->mita.gw && pl->topk == g->mita.topk &&
-           pl->record == g->record && pl->mask_only == g->mask_only;
+           pl->record == g->record && pl->keep_blocks == g->keep_blocks &&
+           pl->mask_only == g->mask_only;
 }
 
 /* Host bytes of count results as result_reserve makes them. */
@@ -692,9 +795,19 @@ static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_b
     be->dry_run = true;
     be->scratch = act;
     run_buffers rb;
-    sizing.pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
+    sizing.pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
     ms_status st = engine_forward(e, be, &sizing, g, &rb, NULL);
     *act_bytes = act->high;
+    if (st != MS_OK) {
+        /* The dry run refused this geometry (a token grid too small for the
+         * neck, ...): about the image's size, not about memory. */
+        if (g->batch == 1)
+            ms_error_prefix(st, "a %dx%d image (%dx%d after resizing and padding)", g->w, g->h,
+                            g->pw, g->ph);
+        else
+            ms_error_prefix(st, "%d %dx%d images", g->batch, g->w, g->h);
+        return st;
+    }
     int h0, w0;
     neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
     *host_bytes = (size_t)g->batch * 3 * g->h * g->w * sizeof(float) + result_bytes(g, e->cfg) +
@@ -776,7 +889,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
         plan_free(pl);
         return st;
     }
-    pl->pos = arena_alloc(act, (size_t)g->n * e->cfg->embed_dim * sizeof(float));
+    pl->pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
     st = vit_resize_pos_embed(be, act, pl->pos, &e->vit, e->cfg, g->hp, g->wp);
     if (st != MS_OK) {
         plan_free(pl);
@@ -788,6 +901,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     pl->h = g->h, pl->w = g->w, pl->batch = g->batch, pl->attention = g->attention;
     pl->gh = g->mita.gh, pl->gw = g->mita.gw, pl->topk = g->mita.topk, pl->record = g->record;
     pl->mask_only = g->mask_only;
+    pl->keep_blocks = g->keep_blocks;
     pl->last_use = ++e->clock;
     *out = pl;
     return MS_OK;
@@ -824,20 +938,31 @@ static ms_status result_reserve(ms_result *r, const run_geometry *g, const ms_co
     int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
     if (g->record) {
         bool same_rec = r->topk_idx && r->depth == c->depth && r->heads == c->num_heads &&
-                        r->m == M && r->k == k && r->n == g->n;
+                        r->m == M && r->k == k && r->n == g->n && r->ncls == g->ncls;
         if (!same_rec) {
             ms_free(r->topk_idx), ms_free(r->route), ms_free(r->shared_mass), ms_free(r->layer_mita);
             size_t dh = (size_t)c->depth * c->num_heads;
             r->topk_idx = ms_malloc(dh * M * k * sizeof(int32_t));
-            r->route = ms_malloc(dh * g->n * sizeof(int32_t));
-            r->shared_mass = ms_malloc(dh * g->n * sizeof(float));
+            r->route = ms_malloc(dh * g->seq * sizeof(int32_t));
+            r->shared_mass = ms_malloc(dh * g->seq * sizeof(float));
             r->layer_mita = ms_malloc((size_t)c->depth);
             if (!r->topk_idx || !r->route || !r->shared_mass || !r->layer_mita)
                 return ms_error(MS_ERR_OOM, "out of memory: MiTA record");
         }
     }
+    size_t nb = (size_t)c->depth * g->n * c->embed_dim;
+    if (g->keep_blocks && !(r->blocks && r->dim == c->embed_dim && r->n == g->n && r->depth == c->depth)) {
+        ms_free(r->blocks);
+        r->blocks = ms_malloc(nb * sizeof(float));
+        if (!r->blocks) return ms_error(MS_ERR_OOM, "out of memory: block outputs");
+    }
+    if (!g->keep_blocks) {
+        ms_free(r->blocks);
+        r->blocks = NULL;
+    }
+    r->dim = g->keep_blocks ? c->embed_dim : 0;
     r->h = g->h, r->w = g->w, r->rh = g->rh, r->rw = g->rw, r->ph = g->ph, r->pw = g->pw;
-    r->patch = c->patch_size, r->hp = g->hp, r->wp = g->wp, r->n = g->n;
+    r->patch = c->patch_size, r->hp = g->hp, r->wp = g->wp, r->n = g->n, r->ncls = g->ncls;
     r->classes = c->n_classes, r->depth = c->depth, r->heads = c->num_heads;
     r->gh = g->mita.gh, r->gw = g->mita.gw, r->m = M, r->k = k;
     r->attention = g->attention;
@@ -911,11 +1036,16 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
         if (st == MS_OK && g.record) {
             st = copy_out(e, r->topk_idx, rb.topk_idx + b * n_topk, n_topk * sizeof(int32_t));
             if (st == MS_OK)
-                st = copy_out(e, r->route, rb.route + b * dh * g.n, dh * g.n * sizeof(int32_t));
+                st = copy_out(e, r->route, rb.route + b * dh * g.seq,
+                              dh * g.seq * sizeof(int32_t));
             if (st == MS_OK)
-                st = copy_out(e, r->shared_mass, rb.shared_mass + b * dh * g.n,
-                              dh * g.n * sizeof(float));
+                st = copy_out(e, r->shared_mass, rb.shared_mass + b * dh * g.seq,
+                              dh * g.seq * sizeof(float));
             memset(r->layer_mita, 1, (size_t)c->depth);
+        }
+        if (st == MS_OK && g.keep_blocks) {
+            size_t nb = (size_t)c->depth * g.n * c->embed_dim;
+            st = copy_out(e, r->blocks, rb.blocks + b * nb, nb * sizeof(float));
         }
     }
 #ifdef MS_HAVE_CUDA
@@ -936,7 +1066,7 @@ void result_free(ms_result *r)
 {
     if (!r) return;
     ms_free(r->logits), ms_free(r->mask), ms_free(r->topk_idx), ms_free(r->route);
-    ms_free(r->shared_mass), ms_free(r->layer_mita);
+    ms_free(r->shared_mass), ms_free(r->layer_mita), ms_free(r->blocks);
     memset(r, 0, sizeof *r);
 }
 
@@ -944,7 +1074,8 @@ ms_status result_write_dump(const ms_result *r, const char *path)
 {
     if (!r->logits) return ms_error(MS_ERR_ARG, "%s: nothing to dump", path);
     int depth = r->topk_idx ? r->depth : 0;
-    int n = 2 + 2 * depth;
+    int nblocks = r->blocks ? r->depth : 0, per_layer = r->shared_mass ? 3 : 2;
+    int n = 2 + per_layer * depth + nblocks;
     ms_tensor *t = calloc((size_t)n, sizeof *t);
     char(*names)[48] = calloc((size_t)n, sizeof *names);
     if (!t || !names) {
@@ -957,17 +1088,32 @@ ms_status result_write_dump(const ms_result *r, const char *path)
     t[1] = (ms_tensor){.name = "mask", .dtype = MS_DT_U8, .ndim = 2, .shape = {r->h, r->w},
                        .data = r->mask, .nbytes = (size_t)r->h * r->w};
     for (int i = 0; i < depth; i++) {
-        ms_tensor *a = &t[2 + 2 * i], *b = &t[3 + 2 * i];
-        snprintf(names[2 + 2 * i], sizeof names[0], "layers.%d.topk_idx", i);
-        snprintf(names[3 + 2 * i], sizeof names[0], "layers.%d.route", i);
+        int at = 2 + per_layer * i;
+        ms_tensor *a = &t[at], *b = &t[at + 1];
+        snprintf(names[at], sizeof names[0], "layers.%d.topk_idx", i);
+        snprintf(names[at + 1], sizeof names[0], "layers.%d.route", i);
         size_t per = (size_t)r->heads * r->m * r->k;
-        *a = (ms_tensor){.name = names[2 + 2 * i], .dtype = MS_DT_I32, .ndim = 3,
+        *a = (ms_tensor){.name = names[at], .dtype = MS_DT_I32, .ndim = 3,
                          .shape = {r->heads, r->m, r->k}, .data = r->topk_idx + (size_t)i * per,
                          .nbytes = per * sizeof(int32_t)};
-        size_t pr = (size_t)r->heads * r->n;
-        *b = (ms_tensor){.name = names[3 + 2 * i], .dtype = MS_DT_I32, .ndim = 2,
-                         .shape = {r->heads, r->n}, .data = r->route + (size_t)i * pr,
+        size_t pr = (size_t)r->heads * (r->n + r->ncls); /* the class token last */
+        *b = (ms_tensor){.name = names[at + 1], .dtype = MS_DT_I32, .ndim = 2,
+                         .shape = {r->heads, r->n + r->ncls}, .data = r->route + (size_t)i * pr,
                          .nbytes = pr * sizeof(int32_t)};
+        if (per_layer == 3) {
+            snprintf(names[at + 2], sizeof names[0], "layers.%d.shared_mass", i);
+            t[at + 2] = (ms_tensor){.name = names[at + 2], .dtype = MS_DT_F32, .ndim = 2,
+                                    .shape = {r->heads, r->n + r->ncls},
+                                    .data = r->shared_mass + (size_t)i * pr,
+                                    .nbytes = pr * sizeof(float)};
+        }
+    }
+    for (int i = 0; i < nblocks; i++) {
+        int at = 2 + per_layer * depth + i;
+        size_t pb = (size_t)r->n * r->dim;
+        snprintf(names[at], sizeof names[0], "blocks.%d", i);
+        t[at] = (ms_tensor){.name = names[at], .dtype = MS_DT_F32, .ndim = 2, .shape = {r->n, r->dim},
+                            .data = r->blocks + (size_t)i * pb, .nbytes = pb * sizeof(float)};
     }
     char grid[32], topk[16];
     snprintf(grid, sizeof grid, "%dx%d", r->gh, r->gw);

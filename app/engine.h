@@ -14,6 +14,8 @@ typedef struct {
     ms_device_choice device;
     int threads;        /* 0: all cores */
     bool fp32;          /* CUDA: FP32 GEMMs */
+    bool tc_round;      /* CPU: round GEMM operands as CUDA's tensor-core mode
+                         * does (ms_backend.tc_round; verification only) */
     int device_index;   /* CUDA: which GPU (0-based, counted within
                          * CUDA_VISIBLE_DEVICES); 0 when unset */
     size_t max_memory;  /* host bytes a run may hold, weights included;
@@ -29,6 +31,7 @@ typedef struct {
     bool mask_only;     /* no full-size logits (res->logits NULL): the mask
                          * is the argmax taken while resizing, band by band,
                          * so memory does not grow with classes x pixels */
+    bool keep_blocks;   /* keep every block's output tokens (depth chart, --stats) */
 } ms_run_options;
 
 typedef struct {
@@ -37,6 +40,7 @@ typedef struct {
     int rh, rw;             /* resized (working) size, before padding */
     int ph, pw;             /* padded network input */
     int patch, hp, wp, n;   /* token grid, n = hp*wp */
+    int ncls;               /* 1 with a class token: records number it n (mita-spec 2.7) */
     int classes;
     float *logits;          /* (classes, h, w) at the original size, before
                              * argmax; NULL after a mask_only run */
@@ -46,9 +50,12 @@ typedef struct {
     int depth, heads;
     int gh, gw, m, k;       /* effective (clamped) landmark grid and k */
     uint8_t *layer_mita;    /* (depth) */
-    int32_t *topk_idx;      /* (depth, heads, m, k) */
-    int32_t *route;         /* (depth, heads, n) */
-    float *shared_mass;     /* (depth, heads, n) */
+    int32_t *topk_idx;      /* (depth, heads, m, k): positions 0..n-1, class token n */
+    int32_t *route;         /* (depth, heads, n + ncls), the class token's last */
+    float *shared_mass;     /* (depth, heads, n + ncls), the class token's last */
+    /* keep_blocks: every block's output grid tokens (no class token), MiTA or full */
+    int dim;                /* token width C; 0 without blocks */
+    float *blocks;          /* (depth, n, dim) or NULL */
     /* run facts */
     int attention;          /* MS_ATTN_* actually used */
     double ms_total;        /* wall time of the forward pass; in a batch of
@@ -101,6 +108,9 @@ size_t engine_memory_budget(const ms_engine *e);
 size_t engine_default_memory_budget(void);
 
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
+
+/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route/
+ * shared_mass when recorded, blocks.{i} when kept). */
 ms_status result_write_dump(const ms_result *res, const char *path);
 
 /* Test hook: called with every stage's output (host copy), named as in the

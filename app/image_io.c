@@ -6,6 +6,7 @@
  * caller frees whatever was allocated, success or not. Neither library
  * prints: their message hooks store the text in the context. */
 #include "image_io.h"
+#include "file_io.h"
 
 #include <errno.h>
 #include <setjmp.h>
@@ -451,8 +452,7 @@ static ms_status jpeg_read_file(ms_image *out, const char *path, FILE *f, image_
 
 static ms_status open_image(FILE **f, uint8_t sig[8], size_t *n, const char *path)
 {
-    *f = fopen(path, "rb");
-    if (!*f) return ms_error(MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    MS_TRY(fio_fopen_input(f, path)); /* a FIFO is refused, not waited on */
     *n = fread(sig, 1, 8, *f);
     if (ferror(*f)) {
         int err = errno;
@@ -590,13 +590,11 @@ static ms_status png_write_file(const char *path, const uint8_t *px, int w, int 
                                 const uint8_t (*palette)[3], int n_palette)
 {
     MS_TRY(check_write_args(path, px, w, h));
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp)
-        return ms_error(MS_ERR_ARG, "%s: path too long", path);
-    png_wctx c = {.path = path, .tmp = tmp, .color_type = color_type, .px = px, .w = w, .h = h,
-                  .channels = channels, .palette = palette, .n_palette = n_palette, .call = "libpng"};
-    c.f = fopen(tmp, "wb");
-    if (!c.f) return ms_error(MS_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+    fio_atomic af;
+    MS_TRY(fio_atomic_begin(&af, path));
+    png_wctx c = {.path = path, .tmp = af.tmp, .f = af.f, .color_type = color_type, .px = px, .w = w,
+                  .h = h, .channels = channels, .palette = palette, .n_palette = n_palette,
+                  .call = "libpng"};
     c.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &c, png_on_write_error, png_on_warning);
     if (c.png) c.info = png_create_info_struct(c.png);
     ms_status st = MS_OK;
@@ -606,16 +604,13 @@ static ms_status png_write_file(const char *path, const uint8_t *px, int w, int 
         st = ms_error(MS_ERR_IO, "%s: PNG write failed: %s (%s, %s:%d)", path, c.msg, c.call, MS_SRC_FILE, c.line);
     }
     png_destroy_write_struct(c.png ? &c.png : NULL, c.info ? &c.info : NULL);
-    /* Buffered write errors (disk full) only show up at fflush/fclose; fsync
-     * before the rename so a power loss never leaves a truncated file under
-     * the final name (which --skip-existing would trust). */
-    if (st == MS_OK && (fflush(c.f) != 0 || ferror(c.f) || fsync(fileno(c.f)) != 0))
-        st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    if (fclose(c.f) != 0 && st == MS_OK) st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    if (st == MS_OK && rename(tmp, path) != 0)
-        st = ms_error(MS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st != MS_OK) unlink(tmp);
-    return st;
+    /* fsync before the rename (in the commit) so a power loss never leaves a
+     * truncated file under the final name, which --skip-existing would trust. */
+    if (st != MS_OK) {
+        fio_atomic_abort(&af);
+        return st;
+    }
+    return fio_atomic_commit(&af);
 }
 
 ms_status image_write_indexed(const char *path, const uint8_t *idx, int w, int h, const uint8_t (*palette)[3],

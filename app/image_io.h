@@ -22,8 +22,8 @@ void image_free(ms_image *img);
 /* A label image as raw 8-bit values (grey or palette indices, no conversion). */
 ms_status image_read_label(uint8_t **out /* (h, w) */, int *w, int *h, const char *path);
 
-/* All writers go to "<path>.tmp-<pid>" then rename, so no reader ever sees a
- * partial file. */
+/* All writers go through fio_atomic (app/file_io.h): never onto an input,
+ * a temporary file then a rename, so no reader ever sees a partial file. */
 ms_status image_write_indexed(const char *path, const uint8_t *idx /* (h, w) */, int w, int h,
                               const uint8_t (*palette)[3], int n_palette);
 ms_status image_write_gray(const char *path, const uint8_t *px /* (h, w) */, int w, int h);

@@ -1,6 +1,7 @@
 /* safetensors reading (read into memory, everything validated before any
  * tensor byte is used) and writing (temp file + fsync + rename). */
 #include "model_file.h"
+#include "file_io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -318,22 +319,12 @@ static ms_status open_file(ms_model_file **out, const char *path, bool model)
         return ms_error(MS_ERR_OOM, "out of memory");
     }
     ms_status st = MS_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = ms_error(MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
+    /* Regular files only, opened without blocking (a FIFO is refused, not
+     * waited on), and remembered so no output replaces the model. */
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = ms_error(MS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = ms_error(MS_ERR_IO, "%s: not a regular file", path);
-        close(fd);
-        goto fail;
-    }
+    st = fio_open_input(&fd, path, &sb);
+    if (st != MS_OK) goto fail;
     /* Read, not mmap: a file that shrinks under a mapping kills the reader
      * with SIGBUS; a short read or a changed size/mtime is an error. */
     mf->size = (size_t)sb.st_size;
@@ -609,33 +600,24 @@ ms_status safetensors_write(const char *path, const ms_tensor *given, int n, con
         return hst;
     }
 
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp) {
+    fio_atomic af;
+    hst = fio_atomic_begin(&af, path);
+    if (hst != MS_OK) {
         free(header);
         free(tensors);
-        return ms_error(MS_ERR_ARG, "%s: path too long", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int err = errno;
-        free(header);
-        free(tensors);
-        return ms_error(MS_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(err));
+        return hst;
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    int fd = fileno(af.f); /* nothing buffered in af.f: plain writes */
     bool ok = write_all(fd, len8, 8) && write_all(fd, header, hlen);
     for (int i = 0; ok && i < n; i++) ok = write_all(fd, tensors[i].data, tensors[i].nbytes);
     int err = ok ? 0 : errno;
-    const char *what = "write";
-    if (ok && fsync(fd) != 0) ok = false, err = errno, what = "fsync";
-    if (close(fd) != 0 && ok) ok = false, err = errno, what = "close";
-    if (ok && rename(tmp, path) != 0) ok = false, err = errno, what = "rename";
     free(header);
     free(tensors);
     if (!ok) {
-        unlink(tmp);
-        return ms_error(MS_ERR_IO, "%s: %s failed: %s", path, what, strerror(err));
+        fio_atomic_abort(&af);
+        return ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(err));
     }
-    return MS_OK;
+    return fio_atomic_commit(&af);
 }

@@ -29,9 +29,8 @@ static ms_status resize_launch(ms_backend *be, float *out, const float *in, int 
     int rows = y_end - y_begin;
     long long total = (long long)c * rows * wo;
     if (total <= 0) return MS_OK;
-    resize_kernel<CUBIC><<<cuda_blocks((size_t)total, RS_THREADS), RS_THREADS, 0,
-                           cuda_ctx_of(be)->stream>>>(out, in, h, w, y_begin, rows, wo, rh, rw,
-                                                      total);
+    MS_LAUNCH(resize_kernel<CUBIC>, cuda_blocks((size_t)total, RS_THREADS), RS_THREADS, 0,
+              cuda_ctx_of(be)->stream)(out, in, h, w, y_begin, rows, wo, rh, rw, total);
     CUDA_CHECK_LAUNCH("resize_kernel");
     return MS_OK;
 }

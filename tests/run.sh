@@ -27,3 +27,16 @@ bash tests/fuzz/run.sh "${MS_FUZZ_SECONDS:-60}" || fuzz_rc=$?
 
 # Python tools (reference model, training, converters).
 /usr/bin/python3 -m unittest discover -s tools/tests -t . -v
+
+# The converters, reference and engine against mmsegmentation and timm
+# themselves (tools/tests/test_upstream.py), in a virtualenv the script
+# makes (.venv-upstream); skipped (77) where they cannot be installed.
+rc=0
+bash tools/tests/setup_upstream_venv.sh || rc=$?
+if [ "$rc" -eq 0 ]; then
+  MS_BUILD_DIR="$PWD/build" .venv-upstream/bin/python -m unittest tools.tests.test_upstream -v
+elif [ "$rc" -eq 77 ]; then
+  echo "upstream-library tests skipped (see above)"
+else
+  exit "$rc"
+fi

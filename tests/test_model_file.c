@@ -129,13 +129,14 @@ START_TEST(test_config_full)
     const char *j =
         "{\"backbone\":{\"patch_size\":8,\"embed_dim\":64,\"depth\":6,\"num_heads\":4,"
         "\"stem\":{\"type\":\"conv\",\"channels\":[8,16,32]},\"mlp_ratio\":2,\"ln_eps\":1e-5,"
-        "\"pos_grid\":[5,6],\"out_indices\":[1,2,3,5],\"final_norm\":true,"
+        "\"pos_grid\":[5,6],\"out_indices\":[1,2,3,5],\"final_norm\":true,\"cls_token\":true,"
         "\"attention\":{\"type\":\"full\",\"landmarks\":[3,4],\"topk\":9,\"shared_scale\":\"sqrt_d\"},"
         "\"unknown_key\":[1,2]},"
         "\"neck\":{\"type\":\"mln\",\"out_channels\":48},"
         "\"decoder\":{\"type\":\"uperhead\",\"channels\":128,\"pool_scales\":[1,2],\"bn_eps\":0.001},"
         "\"classes\":[\"a\"],\"palette\":[[0,128,255]],\"ignore_index\":255,"
-        "\"input\":{\"mean\":[1,2,3],\"std\":[4,5,6],\"short_side\":360,\"pad_multiple\":32},"
+        "\"input\":{\"mean\":[1,2,3],\"std\":[4,5,6],\"short_side\":360,\"pad_multiple\":32,"
+        "\"padded_logits\":\"resize\",\"slide\":{\"crop\":[512,480],\"stride\":[341,300]}},"
         "\"provenance\":\"trained on CamVid\",\"extra\":{}}";
     ms_config c;
     ck_assert_msg(config_parse(&c, j) == MS_OK, "%s", ms_last_error());
@@ -147,6 +148,12 @@ START_TEST(test_config_full)
     ck_assert_int_eq(c.pos_grid[1], 6);
     ck_assert_int_eq(c.out_indices[3], 5);
     ck_assert(c.final_norm);
+    ck_assert(c.cls_token);
+    ck_assert(c.padded_logits_resize);
+    ck_assert_int_eq(c.slide_crop[0], 512);
+    ck_assert_int_eq(c.slide_crop[1], 480);
+    ck_assert_int_eq(c.slide_stride[0], 341);
+    ck_assert_int_eq(c.slide_stride[1], 300);
     ck_assert_int_eq(c.attn.type, MS_ATTN_FULL);
     ck_assert_int_eq(c.attn.gh, 3);
     ck_assert_int_eq(c.attn.gw, 4);
@@ -175,6 +182,8 @@ START_TEST(test_config_full)
     ck_assert_int_eq(c.neck_channels, 32);
     ck_assert_int_eq(c.ignore_index, -1);
     ck_assert_int_eq(c.short_side, 0);
+    ck_assert(!c.cls_token && !c.padded_logits_resize); /* defaults: no class token, crop */
+    ck_assert_int_eq(c.slide_crop[0], 0);
     /* depth 3: evenly spaced default taps stay inside the network */
     for (int i = 0; i < 4; i++) ck_assert(c.out_indices[i] >= 0 && c.out_indices[i] < 3);
     ck_assert_int_eq(c.out_indices[3], 2);
@@ -234,6 +243,16 @@ static const struct {
     {"\"classes\":", "\"input\":{\"std\":[1,0,1]},\"classes\":", "input.std[1]: 0 out of range"},
     {"\"classes\":", "\"ignore_index\":-3,\"classes\":", "ignore_index: -3 out of range"},
     {"\"classes\":", "\"provenance\":5,\"classes\":", "provenance: expected a string"},
+    {"\"pos_grid\":[4,4]", "\"pos_grid\":[4,4],\"cls_token\":\"yes\"", "backbone.cls_token: expected true or false"},
+    {"\"classes\":", "\"input\":{\"padded_logits\":\"pad\"},\"classes\":",
+     "input.padded_logits: unknown value 'pad'"},
+    {"\"classes\":", "\"input\":{\"slide\":{\"crop\":[512,512]}},\"classes\":",
+     "missing key input.slide.stride"},
+    {"\"classes\":", "\"input\":{\"slide\":{\"crop\":[8,512],\"stride\":[8,8]}},\"classes\":",
+     "input.slide.crop[0]: 8 out of range"},
+    {"\"classes\":", "\"input\":{\"slide\":{\"crop\":[64,64],\"stride\":[32,65]}},\"classes\":",
+     "input.slide.stride 65 is larger than the crop 64"},
+    {"\"classes\":", "\"input\":{\"slide\":[512]},\"classes\":", "input.slide: expected an object"},
     {"]]}", "]]", "config: not valid JSON"},
 };
 

@@ -15,6 +15,7 @@ pkgs=(build-essential cmake ninja-build pkg-config
 if [ "${1:-}" = "--dev" ]; then
   pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
          slurmctld slurmd slurm-client munge parallel
+         python3-pip python3-torchvision python3-scipy python3-matplotlib
          valgrind clang libclang-rt-dev libomp-dev)
 fi
 missing=()
