@@ -775,8 +775,9 @@ static size_t result_bytes(const run_geometry *g, const ms_config *c)
     size_t px = (size_t)g->h * g->w, dh = (size_t)c->depth * c->num_heads;
     size_t one = px + (g->mask_only ? 0 : (size_t)c->n_classes * px * sizeof(float));
     if (g->record)
-        one += dh * ((size_t)g->mita.gh * g->mita.gw * g->mita.topk + 2 * (size_t)g->n) * 4 +
+        one += dh * ((size_t)g->mita.gh * g->mita.gw * g->mita.topk + 2 * (size_t)g->seq) * 4 +
                (size_t)c->depth;
+    if (g->keep_blocks) one += (size_t)c->depth * g->n * c->embed_dim * sizeof(float);
     return one * (size_t)g->batch;
 }
 
