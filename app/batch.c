@@ -590,6 +590,9 @@ ms_status batch_make_parent_dirs(const char *path)
     return MS_OK;
 }
 
+/* Windows per pixel a tiling may average; overlap 3/4 of the tile gives 16. */
+#define MS_TILE_MAX_RUNS 16
+
 int batch_tile_starts(int *starts, int len, int tile, int overlap)
 {
     /* Windows at 0, stride, 2*stride, ... until one reaches the end; the last
@@ -613,6 +616,13 @@ ms_status batch_run_tiled(uint8_t *mask, float *logits, const uint8_t *rgb, int 
     int ny = batch_tile_starts(NULL, h, tile, overlap);
     int nx = batch_tile_starts(NULL, w, tile, overlap);
     size_t plane = (size_t)w * h, total;
+    /* Work absurd for the image's size (a 16-pixel tile with overlap 15 runs
+     * each pixel 256 times) is refused up front rather than ground through. */
+    double runs = (double)nx * ny * (w < tile ? w : tile) * (h < tile ? h : tile) / (double)plane;
+    if (runs > MS_TILE_MAX_RUNS)
+        return ms_error(MS_ERR_ARG,
+                        "--tile %d --overlap %d would run each pixel %.0f times (at most %d): "
+                        "use a smaller overlap", tile, overlap, runs, MS_TILE_MAX_RUNS);
     if (!ms_mul_size(&total, plane, (size_t)classes))
         return ms_error(MS_ERR_ARG, "tiling: %dx%d x %d classes overflows", w, h, classes);
     int *ys = malloc((size_t)ny * sizeof *ys), *xs = malloc((size_t)nx * sizeof *xs);
@@ -717,7 +727,9 @@ ms_status batch_segment_tiled(uint8_t *mask, ms_engine *e, ms_result *res,
                               const ms_run_options *opt, const ms_image *img, int tile,
                               int overlap)
 {
-    tile_ctx c = {e, res, opt};
+    ms_run_options with_logits = *opt;
+    with_logits.mask_only = false; /* the windows' logits are summed */
+    tile_ctx c = {e, res, &with_logits};
     return batch_run_tiled(mask, NULL, img->rgb, img->w, img->h, engine_config(e)->n_classes,
                            tile, overlap, run_crop, &c);
 }

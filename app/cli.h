@@ -24,7 +24,7 @@ typedef struct {
 
 void cli_engine_args_init(cli_engine_args *a);
 /* Tries argv[*i] as an engine option (--model, --attention, --landmarks,
- * --topk, --device, --threads, --fp32), consuming its value. Returns 1 when
+ * --topk, --device, --threads, --fp32, --max-memory), consuming its value. Returns 1 when
  * consumed, 0 when not an engine option, -1 on a bad value (message printed). */
 int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i);
 /* Help text for those options, for each command's --help. */
@@ -37,6 +37,11 @@ const char *cli_asset_path(char *buf, size_t n, const char *name);
 /* Opens the engine; prints the error (and the auto fallback line) itself.
  * Returns 0 on success. */
 int cli_open_engine(ms_engine **e, const cli_engine_args *a, bool quiet);
+/* image_read that refuses, before decoding, an image whose run on e (with
+ * opt; tile > 0: --tile windows of that size) would exceed the engine's
+ * memory budget (--max-memory). */
+ms_status cli_read_image(ms_image *img, const char *path, ms_engine *e, const ms_run_options *opt,
+                         int tile);
 /* Monotonic clock in seconds, for timings and progress. */
 double cli_now_s(void);
 /* Prints "mitaseg: <message>" to stderr, control characters escaped. */

@@ -21,7 +21,10 @@ const char cli_engine_help[] =
     "  --topk K                MiTA routed keys per expert (default: the model's)\n"
     "  --device cpu|cuda|auto  where to run (default auto: the GPU when usable)\n"
     "  --threads N             CPU threads (default: all cores)\n"
-    "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n";
+    "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n"
+    "  --max-memory SIZE       refuse, before decoding it, an image whose run would\n"
+    "                          hold more than SIZE bytes of host memory (K, M, G,\n"
+    "                          T suffixes; default: half of physical memory)\n";
 
 double cli_now_s(void)
 {
@@ -135,11 +138,32 @@ static bool parse_int(const char *s, int lo, int hi, int *out)
     return true;
 }
 
+/* "4G", "512M", "1.5G", "1000000": bytes (binary suffixes), at least 1 MiB. */
+static bool parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v > 0)) return false;
+    static const char suffixes[] = "KMGT";
+    double mul = 1;
+    if (*end) {
+        const char *k = strchr(suffixes, *end >= 'a' ? *end - 32 : *end);
+        if (!k || !*k) return false;
+        for (const char *p = suffixes; p <= k; p++) mul *= 1024;
+        end++;
+        if (*end == 'B' || *end == 'b') end++;
+    }
+    if (*end || v * mul < 1048576.0 || v * mul > (double)SIZE_MAX / 2) return false;
+    *out = (size_t)(v * mul);
+    return true;
+}
+
 int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
 {
     const char *opt = argv[*i];
-    static const char *const with_value[] = {"--model", "--attention", "--landmarks",
-                                             "--topk", "--device", "--threads", NULL};
+    static const char *const with_value[] = {"--model", "--attention", "--landmarks", "--topk",
+                                             "--device", "--threads", "--max-memory", NULL};
     if (!strcmp(opt, "--fp32")) {
         a->eng.fp32 = true;
         return 1;
@@ -177,6 +201,11 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
         else if (!strcmp(v, "cuda")) a->eng.device = MS_DEV_CUDA;
         else if (!strcmp(v, "auto")) a->eng.device = MS_DEV_AUTO;
         else { cli_error("--device: expected cpu, cuda or auto, got '%s'", v); return -1; }
+    } else if (!strcmp(opt, "--max-memory")) {
+        if (!parse_size(v, &a->eng.max_memory)) {
+            cli_error("--max-memory: expected a size such as 2G or 512M, got '%s'", v);
+            return -1;
+        }
     } else if (!strcmp(opt, "--threads")) {
         if (!parse_int(v, 1, 1024, &a->eng.threads)) {
             cli_error("--threads: expected 1..1024, got '%s'", v);
@@ -224,4 +253,32 @@ int cli_open_engine(ms_engine **e, const cli_engine_args *a, bool quiet)
     const char *why = engine_fallback_reason(*e);
     if (why && !quiet) fprintf(stderr, "mitaseg: running on the CPU: %s\n", why);
     return 0;
+}
+
+typedef struct {
+    ms_engine *e;
+    const ms_run_options *opt;
+    int tile;
+} image_budget;
+
+/* image_size_check: the run this image will get, within the engine's budget. */
+static ms_status check_image_budget(void *user, int w, int h)
+{
+    const image_budget *b = user;
+    size_t px = (size_t)w * h;
+    size_t extra = 4 * px; /* the decoded image (RGBA before alpha is dropped) */
+    if (b->tile > 0) {
+        /* --tile: tile-size runs plus the full-size sum of their logits. */
+        extra += (size_t)engine_config(b->e)->n_classes * px * sizeof(float);
+        return engine_check_memory(b->e, 1, h < b->tile ? h : b->tile, w < b->tile ? w : b->tile,
+                                   b->opt, extra);
+    }
+    return engine_check_memory(b->e, 1, h, w, b->opt, extra);
+}
+
+ms_status cli_read_image(ms_image *img, const char *path, ms_engine *e, const ms_run_options *opt,
+                         int tile)
+{
+    image_budget b = {e, opt, tile};
+    return image_read_checked(img, path, check_image_budget, &b);
 }

@@ -186,7 +186,7 @@ static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8
     ms_image img = {0};
     uint8_t *lab = NULL;
     int lw, lh;
-    ms_status st = image_read(&img, p->image);
+    ms_status st = cli_read_image(&img, p->image, e, opt, tile);
     if (st != MS_OK) return st;
     st = image_read_label(&lab, &lw, &lh, p->label);
     if (st == MS_OK && (lw != img.w || lh != img.h))
@@ -338,13 +338,16 @@ int cmd_eval(int argc, char **argv)
 
     ms_result res;
     memset(&res, 0, sizeof res);
+    /* Only the mask is scored: no full-size logits unless --tile sums them. */
+    ms_run_options run = ea.run;
+    run.mask_only = tile == 0;
     uint8_t *mask = NULL;
     size_t mask_cap = 0;
     int failed = 0, done = 0;
     double ms_engine_total = 0, t0 = cli_now_s(), last = 0;
     bool tty = isatty(STDERR_FILENO);
     for (int i = 0; i < n_all && !cli_interrupted; i++) {
-        if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &ea.run, tile, overlap,
+        if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &run, tile, overlap,
                       &ms_engine_total) != MS_OK) {
             if (tty && !quiet) fputs("\r\033[K", stderr);
             const char *msg = ms_last_error();

@@ -1,5 +1,6 @@
 /* mitaseg info: a model file's config, what follows from it, and its tensors.
- * Reads the file with model_file_open only (no engine, no weights touched). */
+ * Checks it as the engine would (shapes against the config, finite weights)
+ * without keeping the weights or picking a device. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +16,8 @@ static const char info_help[] =
     "Prints a model file's config (as stored, pretty-printed), derived facts (token\n"
     "grid at the working size, MiTA cost, parameter count) and its tensor table\n"
     "(name, dtype, shape, bytes). MODEL defaults to --model FILE, $MITASEG_MODEL,\n"
-    "or the shipped model.\n"
+    "or the shipped model. A model the engine would refuse (a tensor that does not\n"
+    "fit the config, a NaN or Inf weight) is one error line and exit status 1.\n"
     "\n"
     "options:\n"
     "  --model FILE            the model file (same as MODEL)\n"
@@ -114,6 +116,13 @@ int cmd_info(int argc, char **argv)
     ms_model_file *mf;
     if (model_file_open(&mf, path) != MS_OK) {
         cli_error("%s", ms_last_error());
+        return 1;
+    }
+    /* What the engine would refuse (a tensor the config does not fit, a
+     * non-finite weight), info refuses too. */
+    if (engine_check_model(mf) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        model_file_close(mf);
         return 1;
     }
     const ms_config *c = model_file_config(mf);

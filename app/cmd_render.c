@@ -164,14 +164,16 @@ int cmd_render(int argc, char **argv)
         return 2;
     }
 
-    ms_image img = {0};
-    if (image_read(&img, image) != MS_OK) {
-        cli_error("%s", ms_last_error());
-        return 1;
-    }
     ms_engine *eng = NULL;
-    if (cli_open_engine(&eng, &ea, false)) {
-        image_free(&img);
+    if (cli_open_engine(&eng, &ea, false)) return 1;
+    bool against_full = view == VIZ_DIFF || view == VIZ_STATS || view == VIZ_SWEEP;
+    ms_run_options ro = ea.run;
+    ro.record = true;
+    ro.keep_blocks = against_full;
+    ms_image img = {0};
+    if (cli_read_image(&img, image, eng, &ro, 0) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        engine_free(eng);
         return 1;
     }
     /* The image and the model are inputs now: -o may be neither, and must
@@ -191,10 +193,6 @@ int cmd_render(int argc, char **argv)
     memset(&stats, 0, sizeof stats);
     ms_sweep_point sweep[MS_SWEEP_MAX];
     int n_sweep = 0;
-    bool against_full = view == VIZ_DIFF || view == VIZ_STATS || view == VIZ_SWEEP;
-    ms_run_options ro = ea.run;
-    ro.record = true;
-    ro.keep_blocks = against_full;
     int rc = 1;
     uint8_t *px = NULL;
     viz_font *font = NULL;

@@ -272,6 +272,9 @@ typedef struct {
     const seg_args *a;
     seg_plan *plan;
     const ms_config *cfg;   /* engine 0's; every engine loads the same model */
+    ms_engine *e0;          /* engine 0: the reader checks each image's memory
+                             * against it before decoding */
+    ms_run_options run_opt; /* segment_run_options */
     job_queue read_q, write_q;
     /* writer-owned counters */
     int done, failed, skipped, total;
@@ -369,7 +372,8 @@ static void *reader_main(void *arg)
             job_fail(j, p->plan_error[it]);
         } else if (r->a->skip_existing && r->a->out_dir && outputs_done(p, it)) {
             j->kind = JOB_SKIP;
-        } else if (image_read(&j->img, p->list.items[it].path) != MS_OK) {
+        } else if (cli_read_image(&j->img, p->list.items[it].path, r->e0, &r->run_opt,
+                                  r->a->tile) != MS_OK) {
             job_fail(j, ms_last_error());
         }
         queue_put(&r->read_q, j);
@@ -476,6 +480,19 @@ typedef struct {
     bool started;
 } seg_worker;
 
+/* What segment asks of the engine: the record for --dump, --heatmaps and
+ * --stats, every block's output for --stats,
+ * full-size logits only for --dump and --tile (the mask alone is written
+ * otherwise, so none are kept: memory stays bounded for huge images). */
+static ms_run_options segment_run_options(const seg_args *a)
+{
+    ms_run_options opt = a->eng.run;
+    opt.record = a->dump != NULL || a->heatmaps || a->stats;
+    opt.keep_blocks = a->stats != NULL;
+    opt.mask_only = a->dump == NULL && a->tile == 0;
+    return opt;
+}
+
 /* Runs n same-size images (n == 1 with --tile) through the engine and gives
  * each job its mask (and, for --heatmaps, its record). */
 static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args *a)
@@ -485,9 +502,7 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
         group[b]->mask = malloc(px ? px : 1);
         MS_CHECK_ALLOC(group[b]->mask, px);
     }
-    ms_run_options opt = a->eng.run;
-    opt.record = a->dump != NULL || a->heatmaps || a->stats;
-    opt.keep_blocks = a->stats != NULL;
+    ms_run_options opt = segment_run_options(a);
     if (a->tile > 0)
         return batch_segment_tiled(group[0]->mask, w->e, &w->res[0], &opt, &group[0]->img,
                                    a->tile, a->overlap);
@@ -596,6 +611,9 @@ static int open_engines(seg_worker *workers, int n_workers, const seg_args *a)
     const char *path = cli_model_path(&a->eng);
     for (int i = 0; i < n_workers; i++) {
         ms_engine_options eo = a->eng.eng;
+        /* One budget for the run, shared by the engines. */
+        if (!eo.max_memory) eo.max_memory = engine_default_memory_budget();
+        eo.max_memory /= (size_t)n_workers;
         eo.device = MS_DEV_CUDA;
         eo.device_index = a->devices[i];
         ms_status st = engine_init(&workers[i].e, path, &eo);
@@ -998,6 +1016,8 @@ int cmd_segment(int argc, char **argv)
     r.a = &a;
     r.plan = &plan;
     r.cfg = cfg;
+    r.e0 = workers[0].e;
+    r.run_opt = segment_run_options(&a);
     r.total = plan.n_todo;
     r.tty = isatty(STDERR_FILENO);
     r.total += enum_failed;

@@ -383,7 +383,7 @@ static bool load_image(viewer *v, const char *path, int idx)
         memset(&v->pre_img, 0, sizeof v->pre_img);
     } else {
         ms_image img = {0};
-        if (image_read(&img, path) != MS_OK) {
+        if (cli_read_image(&img, path, v->eng, &now, 0) != MS_OK) {
             /* the shown image stays; the position moves on, so the next
              * PageDown gets past an unreadable file */
             if (idx >= 0 && v->list.n > 1) {

@@ -302,8 +302,10 @@ static ms_status parse_input(ms_config *c, const cJSON *root)
     MS_TRY(get_object(&in, root, "input", "input", false));
     MS_TRY(get_float3(c->mean, in, "mean", "input.mean", mean, -1e6, 1e6));
     MS_TRY(get_float3(c->stdv, in, "std", "input.std", stdv, 1e-6, 1e6));
-    MS_TRY(get_int(&c->short_side, in, "short_side", "input.short_side", false, 0, 1, 65535));
-    MS_TRY(get_int(&c->pad_multiple, in, "pad_multiple", "input.pad_multiple", false, 16, 1, 4096));
+    /* Bounded so no image's work is absurd for its size: a larger short side
+     * or pad multiple would make every (or a tiny) image a huge network input. */
+    MS_TRY(get_int(&c->short_side, in, "short_side", "input.short_side", false, 0, 1, 4096));
+    MS_TRY(get_int(&c->pad_multiple, in, "pad_multiple", "input.pad_multiple", false, 16, 1, 256));
     static const char *const padded[] = {"crop", "resize"};
     int pl = 0;
     MS_TRY(get_enum(&pl, in, "padded_logits", "input.padded_logits", 0, padded, 2));

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "../backbone/vit.h"
 #include "../decoder/decoder.h"
@@ -22,17 +23,22 @@
 #endif
 
 #define MS_MAX_PLANS 4
+/* Default memory budget: this share of physical memory. */
+#define MS_DEFAULT_MEMORY_PERCENT 50
 
 /* Everything that depends on the input size, batch count and run options. */
 typedef struct {
     bool used;
     uint64_t last_use;
     int h, w, batch, attention, gh, gw, topk;
-    bool record, keep_blocks;
+    bool record, keep_blocks, mask_only;
     ms_arena act;
     float *pos;             /* (n, C) resized position embedding, in act */
     size_t act_base;        /* act mark after pos: reset point for each run */
+    size_t bytes;           /* what the plan holds: arena, staging, results */
     float *host_in;         /* (B, 3, h, w) planar input staging, host */
+    float *host_net;        /* CUDA: (classes, h0, w0) host copy of one image's
+                             * network logits, for the finiteness check */
 } engine_plan;
 
 struct ms_engine {
@@ -49,6 +55,7 @@ struct ms_engine {
     neck_weights neck;
     uperhead_weights head;
     engine_plan plans[MS_MAX_PLANS];
+    size_t max_memory;      /* host bytes a run may hold (weights included) */
     uint64_t clock;
     ms_trace trace;
 #ifdef MS_HAVE_CUDA
@@ -62,6 +69,7 @@ typedef struct {
     const ms_model_file *mf;
     ms_arena *arena;
     ms_status st;   /* sticky: the first error wins */
+    bool check;     /* only check names, shapes and dtypes; read nothing */
 } loader;
 
 static float *load(loader *ld, int ndim, const int64_t *shape, const char *fmt, ...)
@@ -75,6 +83,10 @@ static float *load(loader *ld, int ndim, const int64_t *shape, const char *fmt, 
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
+    if (ld->check) {
+        ld->st = model_file_check_f32(ld->mf, name, ndim, shape);
+        return NULL;
+    }
     size_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
     float *p = arena_alloc(ld->arena, n * sizeof(float));
@@ -83,12 +95,17 @@ static float *load(loader *ld, int ndim, const int64_t *shape, const char *fmt, 
         return NULL;
     }
     ld->st = model_file_read_f32(ld->mf, name, p, ndim, shape);
+    /* One pass: a NaN or Inf weight would silently give a one-class mask. */
+    for (size_t i = 0; ld->st == MS_OK && i < n; i++)
+        if (!isfinite(p[i]))
+            ld->st = ms_error(MS_ERR_FORMAT, "%s: tensor %s has a non-finite value (%g at flat index %zu)",
+                              model_file_path(ld->mf), name, (double)p[i], i);
     return ld->st == MS_OK ? p : NULL;
 }
 
 static float *alloc_f32(loader *ld, size_t n)
 {
-    if (ld->st != MS_OK) return NULL;
+    if (ld->st != MS_OK || ld->check) return NULL;
     float *p = arena_alloc(ld->arena, n * sizeof(float));
     if (!p) ld->st = MS_ERR_OOM;
     return p;
@@ -138,7 +155,7 @@ static void load_bn(loader *ld, ms_conv *cv, float eps, bool transposed, const c
     float *b = load(ld, 1, s, "%s.bias", prefix);
     float *m = load(ld, 1, s, "%s.running_mean", prefix);
     float *v = load(ld, 1, s, "%s.running_var", prefix);
-    if (ld->st != MS_OK) return;
+    if (ld->st != MS_OK || ld->check) return;
     for (int o = 0; o < cv->co; o++)
         if (!(v[o] >= 0) || !isfinite(v[o])) {
             ld->st = ms_error(MS_ERR_FORMAT, "%s: %s.running_var[%d] = %g is not a variance",
@@ -351,6 +368,62 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
     return MS_OK;
 }
 
+/* Checks every tensor's name, shape and dtype against the config before
+ * anything is sized (a config that disagrees with its tensors is named, not
+ * an arena overflow), then reads the weights into one arena. */
+static ms_status engine_load(ms_engine *e)
+{
+    ms_arena none = {.sizing = true}; /* marks work; nothing is allocated */
+    loader check = {e->mf, &none, MS_OK, true};
+    load_weights(&check, e);
+    free(e->vit.blocks);
+    e->vit.blocks = NULL;
+    if (check.st != MS_OK) return check.st;
+
+    /* Upper bound for the weight arena: every stored element as F32 plus
+     * alignment and the bias vectors made for bias-free convs. */
+    size_t bytes = 1 << 20;
+    for (int i = 0; i < model_file_count(e->mf); i++) {
+        const ms_tensor *t = model_file_tensor(e->mf, i);
+        size_t n = 1;
+        for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+        bytes += n * sizeof(float) + 512;
+    }
+    MS_TRY(arena_init(&e->weights_host, bytes, MS_DEVICE_CPU));
+    loader ld = {e->mf, &e->weights_host, MS_OK, false};
+    load_weights(&ld, e);
+    return ld.st;
+}
+
+ms_status engine_check_model(const ms_model_file *mf)
+{
+    ms_engine *e = calloc(1, sizeof *e);
+    MS_CHECK_ALLOC(e, sizeof *e);
+    e->mf = (ms_model_file *)mf; /* borrowed: not closed below */
+    e->cfg = model_file_config(mf);
+    ms_status st = e->cfg ? engine_load(e)
+                          : ms_error(MS_ERR_FORMAT, "%s: not a mitaseg model", model_file_path(mf));
+    arena_free(&e->weights_host);
+    free(e->vit.blocks);
+    free(e);
+    return st;
+}
+
+size_t engine_default_memory_budget(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return SIZE_MAX;
+    size_t mem = (size_t)pages * (size_t)page;
+    /* In a container the cgroup's limit (v2) is what the OOM killer uses. */
+    FILE *f = fopen("/sys/fs/cgroup/memory.max", "r");
+    if (f) {
+        unsigned long long lim;
+        if (fscanf(f, "%llu", &lim) == 1 && lim > 0 && lim < mem) mem = (size_t)lim;
+        fclose(f);
+    }
+    return mem / 100 * MS_DEFAULT_MEMORY_PERCENT;
+}
+
 ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt)
 {
     *out = NULL;
@@ -365,22 +438,8 @@ ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_o
     }
     e->cfg = model_file_config(e->mf);
     backend_set_threads(&e->be, opt->threads);
-
-    /* Upper bound for the weight arena: every stored element as F32 plus
-     * alignment and the bias vectors made for bias-free convs. */
-    size_t bytes = 1 << 20;
-    for (int i = 0; i < model_file_count(e->mf); i++) {
-        const ms_tensor *t = model_file_tensor(e->mf, i);
-        size_t n = 1;
-        for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
-        bytes += n * sizeof(float) + 512;
-    }
-    st = arena_init(&e->weights_host, bytes, MS_DEVICE_CPU);
-    if (st == MS_OK) {
-        loader ld = {e->mf, &e->weights_host, MS_OK};
-        load_weights(&ld, e);
-        st = ld.st;
-    }
+    e->max_memory = opt->max_memory ? opt->max_memory : engine_default_memory_budget();
+    st = engine_load(e);
     if (st == MS_OK) st = engine_setup_device(e, opt);
 #ifdef MS_HAVE_CUDA
     if (st == MS_OK && e->device == MS_DEV_CUDA) {
@@ -404,16 +463,21 @@ ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_o
     return MS_OK;
 }
 
+static void plan_free(engine_plan *pl)
+{
+    arena_free(&pl->act);
+    ms_free(pl->host_in);
+    ms_free(pl->host_net);
+    memset(pl, 0, sizeof *pl);
+}
+
 void engine_free(ms_engine *e)
 {
     if (!e) return;
 #ifdef MS_HAVE_CUDA
     if (e->cu) (void)cuda_ctx_use(e->cu); /* freeing from another thread */
 #endif
-    for (int i = 0; i < MS_MAX_PLANS; i++) {
-        arena_free(&e->plans[i].act);
-        ms_free(e->plans[i].host_in);
-    }
+    for (int i = 0; i < MS_MAX_PLANS; i++) plan_free(&e->plans[i]);
     arena_free(&e->weights_host);
     arena_free(&e->weights_dev);
     free(e->vit.blocks);
@@ -458,7 +522,7 @@ typedef struct {
     int wh, ww, sh, sw, ny, nx, nwin;
     ms_attn_type attention;
     ms_mita_params mita;
-    bool record, keep_blocks;
+    bool record, keep_blocks, mask_only;
 } run_geometry;
 
 static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, int h, int w,
@@ -506,12 +570,41 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     g->mita.topk = k < g->seq ? k : g->seq; /* spec 2.2: clamp k to the keys */
     g->mita.shared_scale_d = c->attn.shared_scale_d;
     g->mita.ncls = g->ncls;
+    g->mask_only = opt->mask_only;
+    return MS_OK;
+}
+
+/* Output rows per band when the mask is taken while resizing (mask_only):
+ * the band's logits, (classes, rows, w), are all that is held at image size. */
+#define MS_MASK_BAND_ROWS 64
+
+/* One image's network logits must be finite: NaN/Inf (overflowing weights or
+ * activations) would otherwise argmax to an arbitrary class. On CUDA the
+ * check reads a host copy (the network-size logits, not the image-size). */
+static ms_status check_finite_logits(ms_engine *e, const ms_backend *be, engine_plan *pl,
+                                     const float *net, size_t n)
+{
+    if (be->dry_run) return MS_OK;
+    (void)pl;
+    const float *h = net;
+#ifdef MS_HAVE_CUDA
+    if (be->device == MS_DEVICE_CUDA) {
+        MS_TRY(cuda_copy_d2h(e->cu, pl->host_net, net, n * sizeof(float)));
+        MS_TRY(cuda_sync(e->cu));
+        h = pl->host_net;
+    }
+#endif
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(h[i]))
+            return ms_error(MS_ERR_FORMAT,
+                            "non-finite logits (%g): the model's weights or this image overflow "
+                            "float32; no mask written", (double)h[i]);
     return MS_OK;
 }
 
 typedef struct {
     float *input;         /* (B, 3, ph, pw) */
-    float *logits;        /* (B, classes, h, w) */
+    float *logits;        /* (B, classes, h, w), NULL when mask_only */
     uint8_t *mask;        /* (B, h, w) */
     int32_t *topk_idx;    /* (B, depth, heads, m, k) or NULL */
     int32_t *route;       /* (B, depth, heads, seq) or NULL */
@@ -538,13 +631,11 @@ static ms_status logits_unpad(ms_backend *be, ms_arena *act, float *out /* (K, t
 }
 
 /* The whole forward pass of a batch on the plan's arena; in a dry run only
- * sizes. The backbone runs once over the batch (every image's windows); the
- * rest image by image. */
-static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometry *g,
-                                run_buffers *rb, const ms_trace *tr)
+ * sizes. The backbone runs once over the batch; the rest image by image. */
+static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
+                                const run_geometry *g, run_buffers *rb, const ms_trace *tr)
 {
     const ms_config *c = e->cfg;
-    ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
     const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes, B = g->batch;
     const int M = g->mita.gh * g->mita.gw, k = g->mita.topk, NW = g->nwin;
@@ -556,7 +647,8 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
         if (!(ptr)) return MS_ERR_OOM;                             \
     } while (0)
     /* Buffers that outlive the pass. */
-    ALLOC(rb->logits, (size_t)B * K * px * sizeof(float));
+    rb->logits = NULL;
+    if (!g->mask_only) ALLOC(rb->logits, (size_t)B * K * px * sizeof(float));
     ALLOC(rb->mask, (size_t)B * px);
     rb->topk_idx = NULL, rb->route = NULL, rb->shared_mass = NULL;
     if (g->record) {
@@ -568,24 +660,22 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
     rb->blocks = NULL;
     if (g->keep_blocks) ALLOC(rb->blocks, (size_t)B * c->depth * g->n * C * sizeof(float));
     /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
-     * and per window cut out, normalised, padded into (B*NW, 3, ph, pw). */
-    float *raw, *resized = NULL, *win = NULL;
-    ALLOC(raw, (size_t)B * 3 * px * sizeof(float));
+ * and per window cut out, normalised, padded into (B*NW, 3, ph, pw). */
+    float *raw = pl->host_in, *resized = NULL, *win = NULL; /* the CPU reads the staging in place */
     ALLOC(rb->input, (size_t)B * NW * 3 * in_px * sizeof(float));
-    if (!be->dry_run) {
 #ifdef MS_HAVE_CUDA
-        if (be->device == MS_DEVICE_CUDA)
+    if (be->device == MS_DEVICE_CUDA) {
+        ALLOC(raw, (size_t)B * 3 * px * sizeof(float));
+        if (!be->dry_run)
             MS_TRY(cuda_copy_h2d(e->cu, raw, pl->host_in, (size_t)B * 3 * px * sizeof(float)));
-        else
-#endif
-            memcpy(raw, pl->host_in, (size_t)B * 3 * px * sizeof(float));
     }
+#endif
     bool resized_in = g->rh != g->h || g->rw != g->w;
     if (resized_in) ALLOC(resized, 3 * rpx * sizeof(float)); /* one image */
     if (g->slide) ALLOC(win, (size_t)3 * g->wh * g->ww * sizeof(float));
     const int64_t in_shape[3] = {3, g->ph, g->pw};
     for (int b = 0; b < B; b++) {
-        const float *raw_b = raw + b * 3 * px; /* (3, h, w) */
+        const float *raw_b = raw ? raw + b * 3 * px : NULL; /* (3, h, w); NULL when sizing */
         if (resized_in)
             MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->h, g->w, g->rh, g->rw, 0, 0));
         const float *src = resized_in ? resized : raw_b; /* (3, rh, rw) */
@@ -622,10 +712,11 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
     const int64_t lg_shape[3] = {K, g->h, g->w};
     for (int b = 0; b < B; b++) {
         size_t mark = arena_mark(act);
-        float *logits_b = rb->logits + b * K * px; /* (K, h, w) */
+        float *logits_b = rb->logits ? rb->logits + b * K * px : NULL; /* (K, h, w) */
+        uint8_t *mask_b = rb->mask + b * px; /* (h, w) */
         /* logits at the working size, unpadded (the image's when not resized) */
-        float *work = logits_b; /* (K, rh, rw) */
-        if (resized_in) ALLOC(work, (size_t)K * rpx * sizeof(float));
+        float *work = resized_in ? NULL : logits_b; /* (K, rh, rw) */
+        if (!work) ALLOC(work, (size_t)K * rpx * sizeof(float));
         float *net_logits, *wl = NULL;
         ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
         if (g->slide) ALLOC(wl, (size_t)K * g->wh * g->ww * sizeof(float)); /* one window */
@@ -636,6 +727,7 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
                 taps_b[j] = taps[j] + ((size_t)b * NW + wi) * C * g->n;
             MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
             MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
+            MS_TRY(check_finite_logits(e, be, pl, net_logits, (size_t)K * h0 * w0));
             if (!g->slide) {
                 MS_TRY(logits_unpad(be, act, work, net_logits, c, h0, w0, g->ph, g->pw, g->rh,
                                     g->rw));
@@ -651,10 +743,25 @@ static ms_status engine_forward(ms_engine *e, engine_plan *pl, const run_geometr
         }
         if (g->slide)
             MS_TRY(op_window_average(be, work, K, g->rh, g->rw, g->wh, g->ww, g->sh, g->sw));
-        if (resized_in)
-            MS_TRY(op_resize_bilinear(be, logits_b, work, K, g->rh, g->rw, g->h, g->w, 0, 0));
-        MS_TRY(trace_emit(be, tr, "logits", logits_b, 3, lg_shape));
-        MS_TRY(op_argmax(be, rb->mask + b * px, logits_b, K, g->h, g->w));
+        if (logits_b) {
+            if (resized_in)
+                MS_TRY(op_resize_bilinear(be, logits_b, work, K, g->rh, g->rw, g->h, g->w, 0, 0));
+            MS_TRY(trace_emit(be, tr, "logits", logits_b, 3, lg_shape));
+            MS_TRY(op_argmax(be, mask_b, logits_b, K, g->h, g->w));
+        } else if (!resized_in) {
+            MS_TRY(op_argmax(be, mask_b, work, K, g->h, g->w));
+        } else {
+            /* The same resize, a band of rows at a time, then its argmax. */
+            int rows = g->h < MS_MASK_BAND_ROWS ? g->h : MS_MASK_BAND_ROWS;
+            float *band; /* (K, rows, w) */
+            ALLOC(band, (size_t)K * rows * g->w * sizeof(float));
+            for (int y0 = 0; y0 < g->h; y0 += rows) {
+                int y1 = y0 + rows < g->h ? y0 + rows : g->h;
+                MS_TRY(op_resize_bilinear_rows(be, band, work, K, g->rh, g->rw, g->h, g->w, y0,
+                                               y1));
+                MS_TRY(op_argmax(be, mask_b + (size_t)y0 * g->w, band, K, y1 - y0, g->w));
+            }
+        }
         arena_reset(act, mark);
     }
 #undef ALLOC
@@ -666,11 +773,82 @@ static bool plan_matches(const engine_plan *pl, const run_geometry *g)
     return pl->used && pl->h == g->h && pl->w == g->w && pl->batch == g->batch &&
            pl->attention == (int)g->attention &&
            pl->gh == g->mita.gh && pl->gw == g->mita.gw && pl->topk == g->mita.topk &&
-           pl->record == g->record && pl->keep_blocks == g->keep_blocks;
+           pl->record == g->record && pl->keep_blocks == g->keep_blocks &&
+           pl->mask_only == g->mask_only;
+}
+
+/* Host bytes of count results as result_reserve makes them. */
+static size_t result_bytes(const run_geometry *g, const ms_config *c)
+{
+    size_t px = (size_t)g->h * g->w, dh = (size_t)c->depth * c->num_heads;
+    size_t one = px + (g->mask_only ? 0 : (size_t)c->n_classes * px * sizeof(float));
+    if (g->record)
+        one += dh * ((size_t)g->mita.gh * g->mita.gw * g->mita.topk + 2 * (size_t)g->seq) * 4 +
+               (size_t)c->depth;
+    if (g->keep_blocks) one += (size_t)c->depth * g->n * c->embed_dim * sizeof(float);
+    return one * (size_t)g->batch;
+}
+
+/* A dry run of the forward pass: the activation arena's high-water mark, and
+ * the host bytes the plan and its results hold besides it. Allocates nothing. */
+static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_bytes,
+                              size_t *host_bytes)
+{
+    /* A private copy of the backend: another thread may be running the
+     * engine (segment checks images as it decodes them). */
+    ms_backend dry = e->be, *be = &dry;
+    engine_plan sizing = {0};
+    ms_arena *act = &sizing.act;
+    act->device = be->device;
+    arena_begin_sizing(act);
+    be->dry_run = true;
+    be->scratch = act;
+    run_buffers rb;
+    sizing.pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
+    ms_status st = engine_forward(e, be, &sizing, g, &rb, NULL);
+    *act_bytes = act->high;
+    if (st != MS_OK) {
+        /* The dry run refused this geometry (a token grid too small for the
+         * neck, ...): about the image's size, not about memory. */
+        if (g->batch == 1)
+            ms_error_prefix(st, "a %dx%d image (%dx%d after resizing and padding)", g->w, g->h,
+                            g->pw, g->ph);
+        else
+            ms_error_prefix(st, "%d %dx%d images", g->batch, g->w, g->h);
+        return st;
+    }
+    int h0, w0;
+    neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
+    *host_bytes = (size_t)g->batch * 3 * g->h * g->w * sizeof(float) + result_bytes(g, e->cfg) +
+                  (be->device == MS_DEVICE_CUDA ? (size_t)e->cfg->n_classes * h0 * w0 * 4 : 0);
+    return st;
+}
+
+/* Host memory a plan of this size would hold: weights, activations (CPU),
+ * input staging and results. */
+static size_t plan_host_total(const ms_engine *e, size_t act_bytes, size_t host_bytes)
+{
+    return e->weights_host.cap + (e->be.device == MS_DEVICE_CPU ? act_bytes : 0) + host_bytes;
+}
+
+static ms_status over_budget(const ms_engine *e, const run_geometry *g, size_t total,
+                             size_t act_bytes, size_t extra)
+{
+    char what[64];
+    if (g->batch == 1)
+        snprintf(what, sizeof what, "a %dx%d image", g->w, g->h);
+    else
+        snprintf(what, sizeof what, "%d %dx%d images", g->batch, g->w, g->h);
+    return ms_error(MS_ERR_OOM,
+                    "%s would need about %zu MiB (network input %dx%d, activations %zu MiB%s), "
+                    "over the memory budget of %zu MiB (--max-memory)",
+                    what, (total + extra) >> 20, g->pw, g->ph, act_bytes >> 20,
+                    e->be.device == MS_DEVICE_CUDA ? " on the GPU" : "", e->max_memory >> 20);
 }
 
 /* Finds or builds the plan for this geometry: sizes the activation arena with
- * a dry run, allocates it once, and caches the resized position embedding. */
+ * a dry run, checks the memory budget before allocating anything, allocates
+ * the arena once, and caches the resized position embedding. */
 static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geometry *g)
 {
     engine_plan *pl = NULL, *lru = &e->plans[0];
@@ -683,76 +861,87 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
         *out = pl;
         return MS_OK;
     }
+    size_t act_bytes, host_bytes;
+    MS_TRY(plan_measure(e, g, &act_bytes, &host_bytes));
+    size_t total = plan_host_total(e, act_bytes, host_bytes);
+    if (total > e->max_memory) return over_budget(e, g, total, act_bytes, 0);
+    /* Cached plans of other sizes are only a cache: drop them rather than
+     * exceed the budget together. */
+    size_t cached = 0;
+    for (int i = 0; i < MS_MAX_PLANS; i++)
+        if (e->plans[i].used && &e->plans[i] != lru) cached += e->plans[i].bytes;
+    if (total + cached > e->max_memory)
+        for (int i = 0; i < MS_MAX_PLANS; i++) plan_free(&e->plans[i]);
     pl = lru;
-    arena_free(&pl->act);
-    ms_free(pl->host_in);
-    memset(pl, 0, sizeof *pl);
+    plan_free(pl);
 
     ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
-    act->device = be->device;
     size_t in_bytes = (size_t)g->batch * 3 * g->h * g->w * sizeof(float);
     pl->host_in = ms_malloc(in_bytes);
     MS_CHECK_ALLOC(pl->host_in, in_bytes);
-
-    /* Dry run: count the arena's high-water mark. */
-    arena_begin_sizing(act);
-    be->dry_run = true;
-    be->scratch = act;
-    run_buffers rb;
-    pl->pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
-    ms_status st = engine_forward(e, pl, g, &rb, NULL);
-    be->dry_run = false;
-    size_t need = act->high;
-    act->sizing = false;
-    if (st != MS_OK) {
-        /* The dry run refused this geometry (a token grid too small for the
-         * neck, ...): about the image's size, not about memory. */
-        if (g->batch == 1)
-            ms_error_prefix(st, "a %dx%d image (%dx%d after resizing and padding)", g->w, g->h,
-                            g->pw, g->ph);
-        else
-            ms_error_prefix(st, "%d %dx%d images", g->batch, g->w, g->h);
-        ms_free(pl->host_in);
-        memset(pl, 0, sizeof *pl);
-        return st;
+    ms_status st = arena_init(act, act_bytes, be->device);
+    if (st == MS_OK && be->device == MS_DEVICE_CUDA) {
+        int h0, w0;
+        neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
+        size_t nb = (size_t)e->cfg->n_classes * h0 * w0 * sizeof(float);
+        pl->host_net = ms_malloc(nb);
+        if (!pl->host_net) st = ms_error(MS_ERR_OOM, "out of memory: %zu bytes", nb);
     }
-    st = arena_init(act, need, be->device);
     if (st != MS_OK) {
         if (g->batch == 1)
             ms_error_prefix(st, "activation memory for a %dx%d image (%zu MiB)", g->w, g->h,
-                            need >> 20);
+                            act_bytes >> 20);
         else
             ms_error_prefix(st, "activation memory for %d %dx%d images (%zu MiB)", g->batch,
-                            g->w, g->h, need >> 20);
-        arena_free(act);
-        ms_free(pl->host_in);
-        memset(pl, 0, sizeof *pl);
+                            g->w, g->h, act_bytes >> 20);
+        plan_free(pl);
         return st;
     }
     pl->pos = arena_alloc(act, (size_t)g->seq * e->cfg->embed_dim * sizeof(float));
     st = vit_resize_pos_embed(be, act, pl->pos, &e->vit, e->cfg, g->hp, g->wp);
-    if (st != MS_OK) return st;
+    if (st != MS_OK) {
+        plan_free(pl);
+        return st;
+    }
     pl->act_base = arena_mark(act);
     pl->used = true;
+    pl->bytes = act_bytes + host_bytes;
     pl->h = g->h, pl->w = g->w, pl->batch = g->batch, pl->attention = g->attention;
     pl->gh = g->mita.gh, pl->gw = g->mita.gw, pl->topk = g->mita.topk, pl->record = g->record;
+    pl->mask_only = g->mask_only;
     pl->keep_blocks = g->keep_blocks;
     pl->last_use = ++e->clock;
     *out = pl;
     return MS_OK;
 }
 
+ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_run_options *opt,
+                              size_t extra_bytes)
+{
+    ms_run_options defaults = {.attention = -1};
+    run_geometry g;
+    MS_TRY(plan_geometry(&g, e->cfg, count, h, w, opt ? opt : &defaults));
+    size_t act_bytes, host_bytes;
+    MS_TRY(plan_measure(e, &g, &act_bytes, &host_bytes));
+    size_t total = plan_host_total(e, act_bytes, host_bytes);
+    if (total + extra_bytes > e->max_memory) return over_budget(e, &g, total, act_bytes, extra_bytes);
+    return MS_OK;
+}
+
+size_t engine_memory_budget(const ms_engine *e) { return e->max_memory; }
+
 static ms_status result_reserve(ms_result *r, const run_geometry *g, const ms_config *c)
 {
     size_t px = (size_t)g->h * g->w, nl = (size_t)c->n_classes * px;
-    bool same = r->logits && r->h == g->h && r->w == g->w && r->classes == c->n_classes;
+    bool same = r->mask && r->h == g->h && r->w == g->w && r->classes == c->n_classes &&
+                !r->logits == g->mask_only;
     if (!same) {
         ms_free(r->logits);
         ms_free(r->mask);
-        r->logits = ms_malloc(nl * sizeof(float));
+        r->logits = g->mask_only ? NULL : ms_malloc(nl * sizeof(float));
         r->mask = ms_malloc(px);
-        if (!r->logits || !r->mask)
+        if ((!g->mask_only && !r->logits) || !r->mask)
             return ms_error(MS_ERR_OOM, "out of memory: result for a %dx%d image", g->w, g->h);
     }
     int M = g->mita.gh * g->mita.gw, k = g->mita.topk;
@@ -845,13 +1034,13 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
     arena_reset(&pl->act, pl->act_base);
     e->be.scratch = &pl->act;
     run_buffers rb;
-    ms_status st = engine_forward(e, pl, &g, &rb, &e->trace);
+    ms_status st = engine_forward(e, &e->be, pl, &g, &rb, &e->trace);
     const ms_config *c = e->cfg;
     size_t dh = (size_t)c->depth * c->num_heads;
     size_t n_logits = (size_t)c->n_classes * px, n_topk = dh * g.mita.gh * g.mita.gw * g.mita.topk;
     for (int b = 0; b < count && st == MS_OK; b++) {
         ms_result *r = &res[b];
-        st = copy_out(e, r->logits, rb.logits + b * n_logits, n_logits * sizeof(float));
+        if (r->logits) st = copy_out(e, r->logits, rb.logits + b * n_logits, n_logits * sizeof(float));
         if (st == MS_OK) st = copy_out(e, r->mask, rb.mask + b * px, px);
         if (st == MS_OK && g.record) {
             st = copy_out(e, r->topk_idx, rb.topk_idx + b * n_topk, n_topk * sizeof(int32_t));

@@ -18,6 +18,8 @@ typedef struct {
                          * does (ms_backend.tc_round; verification only) */
     int device_index;   /* CUDA: which GPU (0-based, counted within
                          * CUDA_VISIBLE_DEVICES); 0 when unset */
+    size_t max_memory;  /* host bytes a run may hold, weights included;
+                         * 0: engine_default_memory_budget() */
 } ms_engine_options;
 
 /* Per-run attention override; zero/negative fields keep the model's. */
@@ -26,6 +28,9 @@ typedef struct {
     int gh, gw;         /* landmarks, 0: model's */
     int topk;           /* 0: model's */
     bool record;        /* record MiTA selections (viewer, --dump) */
+    bool mask_only;     /* no full-size logits (res->logits NULL): the mask
+                         * is the argmax taken while resizing, band by band,
+                         * so memory does not grow with classes x pixels */
     bool keep_blocks;   /* keep every block's output tokens (depth chart, --stats) */
 } ms_run_options;
 
@@ -37,7 +42,8 @@ typedef struct {
     int patch, hp, wp, n;   /* token grid, n = hp*wp */
     int ncls;               /* 1 with a class token: records number it n (mita-spec 2.7) */
     int classes;
-    float *logits;          /* (classes, h, w) at the original size, before argmax */
+    float *logits;          /* (classes, h, w) at the original size, before
+                             * argmax; NULL after a mask_only run */
     uint8_t *mask;          /* (h, w) */
     /* MiTA record (record=true); layers run with full attention have
      * layer_mita[i] == 0 and their slices are unset. */
@@ -63,6 +69,11 @@ typedef struct ms_engine ms_engine;
  * falls back to the CPU, engine_fallback_reason() says why. */
 ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt);
 void engine_free(ms_engine *e);
+/* What engine_init checks of a model without keeping it: every tensor the
+ * config implies is there with its shape and a float dtype, and every weight
+ * is finite. For `mitaseg info`. */
+struct ms_model_file;
+ms_status engine_check_model(const struct ms_model_file *mf);
 const ms_config *engine_config(const ms_engine *e);
 const char *engine_model_path(const ms_engine *e);
 const char *engine_fallback_reason(const ms_engine *e); /* NULL when none */
@@ -83,6 +94,20 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res /* (count) */,
                            const ms_image *const *imgs /* (count) */, int count,
                            const ms_run_options *opt);
 void result_free(ms_result *res);
+
+/* Refuses (MS_ERR_OOM, a message with the sizes) a run of count h x w images
+ * whose plan, plus extra_bytes the caller will hold (the decoded image), would
+ * exceed the engine's memory budget; allocates nothing (a dry run sizes it).
+ * engine_run_batch applies the same check before it allocates a new plan;
+ * callers use this one before decoding an image. */
+ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_run_options *opt,
+                              size_t extra_bytes);
+size_t engine_memory_budget(const ms_engine *e);
+/* Half of physical memory (or of the cgroup's limit when lower): the budget
+ * when ms_engine_options.max_memory is 0. */
+size_t engine_default_memory_budget(void);
+
+/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
 
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route/
  * shared_mass when recorded, blocks.{i} when kept). */

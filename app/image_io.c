@@ -46,6 +46,8 @@ typedef struct {
     const char *call;
     int line;
     ms_status st;      /* set before png_error by our own checks */
+    image_size_check check; /* caller's check of the size, or NULL */
+    void *check_user;
     uint8_t *buf;      /* decoded rows, (h, rowbytes) */
     png_bytep *rows;   /* (h) */
     png_uint_32 w, h;
@@ -111,6 +113,10 @@ static int png_decode(png_ctx *c)
     if (check_size(c->path, c->w, c->h) != MS_OK) {
         c->st = MS_ERR_FORMAT;
         snprintf(c->msg, sizeof c->msg, "image too large (%lux%lu)", (unsigned long)c->w, (unsigned long)c->h);
+        return 1;
+    }
+    if (c->check && (c->st = c->check(c->check_user, (int)c->w, (int)c->h)) != MS_OK) {
+        snprintf(c->msg, sizeof c->msg, "%s", ms_last_error());
         return 1;
     }
     int ct = png_get_color_type(c->png, c->info), bd = png_get_bit_depth(c->png, c->info);
@@ -209,6 +215,8 @@ typedef struct {
     uint8_t *row;     /* one scanline as decoded */
     int w, h;
     int orientation;  /* EXIF 1..8 */
+    image_size_check check; /* caller's check of the size, or NULL */
+    void *check_user;
 } jpeg_ctx;
 
 static void jpeg_on_error(j_common_ptr cinfo)
@@ -306,6 +314,15 @@ static int jpeg_decode(jpeg_ctx *c)
             }
         }
     }
+    if (c->check) {
+        bool turned = c->orientation >= 5; /* 5..8 swap width and height */
+        int w = (int)(turned ? ci->image_height : ci->image_width);
+        int h = (int)(turned ? ci->image_width : ci->image_height);
+        if ((c->st = c->check(c->check_user, w, h)) != MS_OK) {
+            snprintf(c->msg, sizeof c->msg, "%s", ms_last_error());
+            return 1;
+        }
+    }
     bool cmyk = false;
     switch (ci->jpeg_color_space) {
     case JCS_GRAYSCALE:
@@ -396,11 +413,14 @@ static uint8_t *orient(const uint8_t *src, int *w, int *h, int o)
     return dst;
 }
 
-static ms_status jpeg_read_file(ms_image *out, const char *path, FILE *f)
+static ms_status jpeg_read_file(ms_image *out, const char *path, FILE *f, image_size_check check,
+                                void *user)
 {
     jpeg_ctx *c = calloc(1, sizeof *c);
     MS_CHECK_ALLOC(c, sizeof *c);
     c->path = path;
+    c->check = check;
+    c->check_user = user;
     c->f = f;
     c->call = "libjpeg";
     c->st = MS_OK;
@@ -443,7 +463,9 @@ static ms_status open_image(FILE **f, uint8_t sig[8], size_t *n, const char *pat
     return MS_OK;
 }
 
-ms_status image_read(ms_image *out, const char *path)
+ms_status image_read(ms_image *out, const char *path) { return image_read_checked(out, path, NULL, NULL); }
+
+ms_status image_read_checked(ms_image *out, const char *path, image_size_check check, void *user)
 {
     memset(out, 0, sizeof *out);
     FILE *f;
@@ -452,7 +474,7 @@ ms_status image_read(ms_image *out, const char *path)
     MS_TRY(open_image(&f, sig, &n, path));
     ms_status st;
     if (n == 8 && png_sig_cmp(sig, 0, 8) == 0) {
-        png_ctx c = {.path = path};
+        png_ctx c = {.path = path, .check = check, .check_user = user};
         st = png_read_file(&c, f);
         if (st == MS_OK) {
             out->w = (int)c.w;
@@ -467,7 +489,7 @@ ms_status image_read(ms_image *out, const char *path)
             }
         }
     } else if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
-        st = jpeg_read_file(out, path, f);
+        st = jpeg_read_file(out, path, f, check, user);
     } else if (n == 0) {
         st = ms_error(MS_ERR_FORMAT, "%s: empty file, not a PNG or JPEG file", path);
     } else {

@@ -12,6 +12,11 @@ typedef struct {
 
 /* Detects the format from the bytes. Errors name the file and the problem. */
 ms_status image_read(ms_image *out, const char *path);
+/* image_read that calls check(user, w, h) with the image's size (after EXIF
+ * rotation) once the header is read and before any pixel buffer is
+ * allocated; an error from it ends the read ("path: " + its message). */
+typedef ms_status (*image_size_check)(void *user, int w, int h);
+ms_status image_read_checked(ms_image *out, const char *path, image_size_check check, void *user);
 void image_free(ms_image *img);
 
 /* A label image as raw 8-bit values (grey or palette indices, no conversion). */

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 #include "file_io.h"
@@ -21,21 +20,8 @@ static const char usage[] =
     "\n"
     "`mitaseg <command> --help` describes each command.\n";
 
-/* libgomp's idle threads spin by default, which on a desktop (the viewer's
- * own threads, other programs) or a shared machine steals the cores the next
- * parallel loop needs: a DeiT-Tiny forward on 2 busy cores took 1.7-3.3 s
- * spinning and 1.1 s passive. The policy is read once when libgomp loads, so
- * set it and restart the program once, unless the user chose one. */
-static void ensure_passive_openmp(char **argv)
-{
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv); /* returns only on failure: run as is */
-}
-
 int main(int argc, char **argv)
 {
-    ensure_passive_openmp(argv);
     cli_interrupt_init();
     fio_remember_inputs(true); /* no command writes over a file it read */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||

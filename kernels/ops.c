@@ -353,10 +353,25 @@ ms_status op_resize_bilinear(ms_backend *be, float *out, const float *in, int c,
         return BAD_SIZES(__func__, "c=%d h=%d w=%d ho=%d wo=%d", c, h, w, ho, wo);
     if (be->dry_run) return MS_OK;
     if (be->device == MS_DEVICE_CPU) {
-        resize_bilinear_cpu(out, in, c, h, w, ho, wo, scale_h, scale_w);
+        resize_bilinear_cpu(out, in, c, h, w, ho, wo, 0, ho, scale_h, scale_w);
         return MS_OK;
     }
-    ON_CUDA(resize_bilinear_cuda(be, out, in, c, h, w, ho, wo, scale_h, scale_w));
+    ON_CUDA(resize_bilinear_cuda(be, out, in, c, h, w, ho, wo, 0, ho, scale_h, scale_w));
+}
+
+ms_status op_resize_bilinear_rows(ms_backend *be, float *out, const float *in, int c, int h, int w,
+                                  int ho, int wo, int y_begin, int y_end)
+{
+    if (c <= 0 || h <= 0 || w <= 0 || ho <= 0 || wo <= 0 || y_begin < 0 || y_end > ho ||
+        y_begin >= y_end)
+        return BAD_SIZES(__func__, "c=%d h=%d w=%d ho=%d wo=%d rows %d..%d", c, h, w, ho, wo,
+                         y_begin, y_end);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        resize_bilinear_cpu(out, in, c, h, w, ho, wo, y_begin, y_end, 0, 0);
+        return MS_OK;
+    }
+    ON_CUDA(resize_bilinear_cuda(be, out, in, c, h, w, ho, wo, y_begin, y_end, 0, 0));
 }
 
 ms_status op_resize_bicubic(ms_backend *be, float *out, const float *in, int c, int h, int w,

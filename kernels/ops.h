@@ -99,6 +99,12 @@ ms_status op_resize_bilinear(ms_backend *be, float *out /* (c, ho, wo) */,
                              const float *in /* (c, h, w) */, int c, int h, int w,
                              int ho, int wo, double scale_h, double scale_w);
 
+/* Rows y_begin .. y_end-1 of op_resize_bilinear to a size (scale <= 0), the
+ * same values: lets a caller resize and consume a large output band by band. */
+ms_status op_resize_bilinear_rows(ms_backend *be, float *out /* (c, y_end - y_begin, wo) */,
+                                  const float *in /* (c, h, w) */, int c, int h, int w, int ho,
+                                  int wo, int y_begin, int y_end);
+
 /* Bicubic resize to a size, align_corners=False, A=-0.75, indices clamped at
  * the border (F.interpolate(mode="bicubic")). */
 ms_status op_resize_bicubic(ms_backend *be, float *out /* (c, ho, wo) */,

@@ -525,6 +525,15 @@ START_TEST(tiled_average)
     ck_assert_int_eq(batch_run_tiled(mask2, NULL, rgb, W, H, 2, 4, 1, fake_run, &c), MS_OK);
     ck_assert_mem_eq(mask, mask2, sizeof mask);
     ck_assert_int_eq(batch_run_tiled(mask2, NULL, rgb, W, H, 2, 4, 4, fake_run, &c), MS_ERR_ARG);
+    /* Stride 1 on a 4-pixel tile runs each pixel about 16 times: allowed;
+     * a 16-pixel tile with stride 1 (256 times) is refused before any run. */
+    ck_assert_int_eq(batch_run_tiled(mask2, NULL, rgb, W, H, 2, 4, 3, fake_run, &c), MS_OK);
+    int calls = c.calls;
+    uint8_t *big = calloc(64 * 64 * 3, 1), *bmask = malloc(64 * 64);
+    ck_assert_int_eq(batch_run_tiled(bmask, NULL, big, 64, 64, 2, 16, 15, fake_run, &c), MS_ERR_ARG);
+    ck_assert_msg(strstr(ms_last_error(), "would run each pixel"), "%s", ms_last_error());
+    ck_assert_int_eq(c.calls, calls);
+    free(big), free(bmask);
 }
 END_TEST
 

@@ -316,7 +316,7 @@ START_TEST(test_emu_grid_stride)
     {
         const int c = 2, h = 9, w = 7, ho = 13, wo = 11;
         auto in = randv((size_t)c * h * w, 32), got = nans((size_t)c * ho * wo), ref = got;
-        MS_LAUNCH(resize_kernel<true>, 3, 32, 0, 0)(got.data(), in.data(), h, w, ho, wo,
+        MS_LAUNCH(resize_kernel<true>, 3, 32, 0, 0)(got.data(), in.data(), h, w, 0, ho, wo,
             resize_ratio(h, ho, 0.0), resize_ratio(w, wo, 0.0), (long long)c * ho * wo);
         expect_success();
         resize_bicubic_cpu(ref.data(), in.data(), c, h, w, ho, wo);
@@ -469,13 +469,23 @@ START_TEST(test_emu_pool_resize)
     const int sizes[][2] = {{11, 16}, {5, 3}, {1, 1}};
     for (auto &s : sizes) {
         auto got = nans((size_t)c * s[0] * s[1]), ref = got;
-        ok(resize_bilinear_cuda(&be, got.data(), in.data(), c, h, w, s[0], s[1], 0.0, 0.0),
+        ok(resize_bilinear_cuda(&be, got.data(), in.data(), c, h, w, s[0], s[1], 0, s[0], 0.0,
+                                0.0),
            "bilinear");
-        resize_bilinear_cpu(ref.data(), in.data(), c, h, w, s[0], s[1], 0.0, 0.0);
+        resize_bilinear_cpu(ref.data(), in.data(), c, h, w, s[0], s[1], 0, s[0], 0.0, 0.0);
         check_close(got, ref, 1e-6, "resize_bilinear");
-        ok(resize_bilinear_cuda(&be, got.data(), in.data(), c, h, w, s[0], s[1], 0.8, 1.3),
+        if (s[0] > 2) { /* a band of rows (mask_only's banded argmax) */
+            auto band = nans((size_t)c * 2 * s[1]), bref = band;
+            ok(resize_bilinear_cuda(&be, band.data(), in.data(), c, h, w, s[0], s[1], 1, 3, 0.0,
+                                    0.0),
+               "bilinear rows");
+            resize_bilinear_cpu(bref.data(), in.data(), c, h, w, s[0], s[1], 1, 3, 0.0, 0.0);
+            check_close(band, bref, 1e-6, "resize_bilinear rows 1..3");
+        }
+        ok(resize_bilinear_cuda(&be, got.data(), in.data(), c, h, w, s[0], s[1], 0, s[0], 0.8,
+                                1.3),
            "bilinear scaled");
-        resize_bilinear_cpu(ref.data(), in.data(), c, h, w, s[0], s[1], 0.8, 1.3);
+        resize_bilinear_cpu(ref.data(), in.data(), c, h, w, s[0], s[1], 0, s[0], 0.8, 1.3);
         check_close(got, ref, 1e-6, "resize_bilinear with scales");
         ok(resize_bicubic_cuda(&be, got.data(), in.data(), c, h, w, s[0], s[1]), "bicubic");
         resize_bicubic_cpu(ref.data(), in.data(), c, h, w, s[0], s[1]);
