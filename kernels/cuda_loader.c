@@ -127,8 +127,8 @@ void mita_cuda_profile(float *stage_ms /* (8) or NULL */);
        (be, out, in, c, h, w), cuda_unavailable())                                               \
     FN(ms_status, resize_bilinear_cuda,                                                          \
        (ms_backend *be, float *out, const float *in, int c, int h, int w, int ho, int wo,        \
-        double scale_h, double scale_w),                                                         \
-       (be, out, in, c, h, w, ho, wo, scale_h, scale_w), cuda_unavailable())                     \
+        int y_begin, int y_end, double scale_h, double scale_w),                                 \
+       (be, out, in, c, h, w, ho, wo, y_begin, y_end, scale_h, scale_w), cuda_unavailable())     \
     FN(ms_status, resize_bicubic_cuda,                                                           \
        (ms_backend *be, float *out, const float *in, int c, int h, int w, int ho, int wo),       \
        (be, out, in, c, h, w, ho, wo), cuda_unavailable())
