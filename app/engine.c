@@ -332,10 +332,11 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
     }
 #ifdef MS_HAVE_CUDA
     /* auto on a machine without an NVIDIA GPU loads no CUDA library at all
-     * (kernels/cuda_loader.c): hundreds of MB mapped for a no-device answer */
-    if (opt->device == MS_DEV_AUTO && !ms_gpu_present()) {
+     * (kernels/cuda_loader.c): hundreds of MB mapped for a no-device answer.
+     * WSL2 exposes its GPUs through /dev/dxg only: there CUDA is asked. */
+    if (opt->device == MS_DEV_AUTO && !ms_gpu_present() && access("/dev/dxg", F_OK) != 0) {
         snprintf(e->fallback, sizeof e->fallback,
-                 "no NVIDIA GPU on this machine (no /dev/nvidia0)");
+                 "no NVIDIA GPU on this machine (no /dev/nvidia0 or /dev/dxg)");
         e->has_fallback = true;
         return MS_OK;
     }
