@@ -19,7 +19,10 @@ const char cli_engine_help[] =
     "  --topk K                MiTA routed keys per expert (default: the model's)\n"
     "  --device cpu|cuda|auto  where to run (default auto: the GPU when usable)\n"
     "  --threads N             CPU threads (default: all cores)\n"
-    "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n";
+    "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n"
+    "  --tta flip|none         flip: average the logits of the image and its mirror\n"
+    "                          (about twice the time; MiTA selections from the\n"
+    "                          unflipped image). Default none\n";
 
 double cli_now_s(void)
 {
@@ -59,7 +62,7 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
 {
     const char *opt = argv[*i];
     static const char *const with_value[] = {"--model", "--attention", "--landmarks",
-                                             "--topk", "--device", "--threads", NULL};
+                                             "--topk", "--device", "--threads", "--tta", NULL};
     if (!strcmp(opt, "--fp32")) {
         a->eng.fp32 = true;
         return 1;
@@ -97,6 +100,10 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
         else if (!strcmp(v, "cuda")) a->eng.device = MS_DEV_CUDA;
         else if (!strcmp(v, "auto")) a->eng.device = MS_DEV_AUTO;
         else { cli_error("--device: expected cpu, cuda or auto, got '%s'", v); return -1; }
+    } else if (!strcmp(opt, "--tta")) {
+        if (!strcmp(v, "flip")) a->run.tta_flip = true;
+        else if (!strcmp(v, "none")) a->run.tta_flip = false;
+        else { cli_error("--tta: expected flip or none, got '%s'", v); return -1; }
     } else if (!strcmp(opt, "--threads")) {
         if (!parse_int(v, 1, 1024, &a->eng.threads)) {
             cli_error("--threads: expected 1..1024, got '%s'", v);

@@ -145,6 +145,7 @@ static void start_next(viewer *v)
         v->jb.out = &v->full;
         memset(&v->jb.opt, 0, sizeof v->jb.opt);
         v->jb.opt.attention = MS_ATTN_FULL;
+        v->jb.opt.tta_flip = v->run.tta_flip; /* compare like with like */
         v->jb.opt.record = false;
     }
     v->thread = SDL_CreateThread(worker_main, "mitaseg-run", &v->jb);
@@ -211,11 +212,12 @@ static void on_job_done(viewer *v)
         v->work = t;
         v->have_res = true;
         clamp_state(v);
-        set_status(v, "%s: %dx%d, %s %dx%d k %d, %.0f ms", base_name(v->path), v->res.w, v->res.h,
+        set_status(v, "%s: %dx%d, %s %dx%d k %d%s, %.0f ms", base_name(v->path), v->res.w, v->res.h,
                    v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw,
-                   v->res.k, v->res.ms_total);
+                   v->res.k, v->res.tta_flip ? ", flip TTA" : "", v->res.ms_total);
         if (!v->full_mask && v->res.attention != MS_ATTN_FULL) v->want_full = true;
-        vlog(v, "ready %.0f ms layers %d", v->res.ms_total, v->res.depth);
+        vlog(v, "ready %.0f ms layers %d%s", v->res.ms_total, v->res.depth,
+             v->res.tta_flip ? " tta flip" : "");
     } else if (j->kind == JOB_FULL) {
         size_t n = (size_t)v->full.h * v->full.w;
         free(v->full_mask);

@@ -24,6 +24,10 @@ typedef struct {
     int gh, gw;         /* landmarks, 0: model's */
     int topk;           /* 0: model's */
     bool record;        /* record MiTA selections (viewer, --dump) */
+    bool tta_flip;      /* test-time augmentation: average the logits of the
+                         * image and of its mirror image (mirrored back); the
+                         * mask is their argmax, the MiTA record the unflipped
+                         * pass's. The mirror runs in the same batch. */
 } ms_run_options;
 
 typedef struct {
@@ -45,6 +49,7 @@ typedef struct {
     float *shared_mass;     /* (depth, heads, n) */
     /* run facts */
     int attention;          /* MS_ATTN_* actually used */
+    bool tta_flip;          /* logits averaged with the mirror image's */
     double ms_total;        /* wall time of the forward pass; in a batch of
                              * count images, the batch's time / count */
     char device_name[64];

@@ -527,13 +527,24 @@ def postprocess(head_logits, padded_size, resized_size, image_size):
     return x, mask
 
 
-def segment(model, img, attn=None, stages=None):
-    """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W))."""
+def segment(model, img, attn=None, stages=None, tta=None):
+    """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W)).
+
+    tta="flip": the logits are the mean of the image's and of its mirror
+    image's (mirrored back); the mask is their argmax; `stages` holds the
+    unflipped pass (its MiTA record) and the averaged logits and mask."""
     dtype = next(model.parameters()).dtype
     x, rsize = preprocess(img, model.cfg, dtype)
     H, W = np.asarray(img).shape[:2]
     head = model(x, attn=attn, stages=stages)
     logits, mask = postprocess(head, x.shape[-2:], rsize, (H, W))
+    if tta == "flip":
+        xm, _ = preprocess(np.ascontiguousarray(np.asarray(img)[:, ::-1]), model.cfg, dtype)
+        lm, _ = postprocess(model(xm, attn=attn), xm.shape[-2:], rsize, (H, W))
+        logits = 0.5 * (logits + lm.flip(-1))
+        mask = first_argmax(logits, dim=1).to(torch.uint8)
+    elif tta is not None:
+        raise ValueError("tta must be None or 'flip'")
     if stages is not None:
         stages["image"] = torch.as_tensor(np.asarray(img))
         stages["input"] = x
