@@ -68,7 +68,7 @@ def main():
         data = ck.get("data")
         if data:
             data = "CamVid 11-class %s" % data
-            where = "at 360x480"
+            where = "(at the model's working size)"
         else:
             data = "CamVid 11-class train split (367 images)"
             where = "on CamVid val (101 images) at 360x480"

@@ -637,6 +637,7 @@ def main(argv=None):
         ch, cw = tcfg["crop"]
         return sec_step / 3 * len(val_imgs) / bs * (bh * bw) / (ch * cw)
     sec_step = None
+    t_first = step_first = first_cost = None
     stop = False
     for epoch in range(start_epoch, args.epochs):
         model.train()
@@ -647,7 +648,6 @@ def main(argv=None):
                                              pin_memory=device.type == "cuda", drop_last=True)
         sum_loss = sum_aux = 0.0
         n_steps = 0
-        t_steps = None
         for x, y in loader:
             x, y = to_input(x, device, plan), y.to(device, non_blocking=True)
             with autocast(device, plan):
@@ -678,15 +678,18 @@ def main(argv=None):
                 return 1
             if budget is not None:
                 now = time.time()
-                # the first step (allocation, cuDNN autotuning) is not timed
-                if n_steps == 1:
-                    t_steps = now
-                elif t_steps is not None:
-                    sec_step = (now - t_steps) / (n_steps - 1)
-                reserve = 1.5 * (sec_val or val_guess(sec_step)) + 5.0 + 0.02 * args.time_budget
-                if sec_step is not None and n_steps in (3, 10) or n_steps == steps_per_epoch:
-                    sched_fn.total = budget.plan(now, step, sec_step or (now - t_ep), reserve)
-                if step >= sched_fn.total or budget.over(now, reserve):
+                # wall seconds per step since this process's first step (which
+                # allocates and autotunes): validations and checkpoints included
+                if t_first is None:
+                    t_first, step_first, first_cost = now, step, now - t_ep
+                elif step > step_first:
+                    sec_step = (now - t_first) / (step - step_first)
+                reserve = (1.5 * (sec_val or val_guess(sec_step)) + min(5.0, 0.1 * args.time_budget)
+                           + 0.02 * args.time_budget)
+                if sec_step is not None and (step - step_first in (2, 10) or n_steps == steps_per_epoch):
+                    sched_fn.total = budget.plan(now, step, sec_step, reserve)
+                # stop at the plan's end, or when one more step would cross the budget
+                if step >= sched_fn.total or budget.over(now, reserve + (sec_step or first_cost)):
                     stop = True
                     break
         secs = time.time() - t_ep
