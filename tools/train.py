@@ -684,7 +684,7 @@ def main(argv=None):
                     t_first, step_first, first_cost = now, step, now - t_ep
                 elif step > step_first:
                     sec_step = (now - t_first) / (step - step_first)
-                reserve = (1.5 * (sec_val or val_guess(sec_step)) + min(5.0, 0.1 * args.time_budget)
+                reserve = (1.5 * (sec_val or val_guess(sec_step or first_cost)) + min(5.0, 0.1 * args.time_budget)
                            + 0.02 * args.time_budget)
                 if sec_step is not None and (step - step_first in (2, 10) or n_steps == steps_per_epoch):
                     sched_fn.total = budget.plan(now, step, sec_step, reserve)
@@ -701,7 +701,12 @@ def main(argv=None):
             line += " step %d/%d (budget %.0fs, %.0fs used)" % (step, sched_fn.total, args.time_budget,
                                                                time.time() - t_start)
         miou = None
-        if not args.no_val and (done % val_every == 0 or done == args.epochs or stop):
+        want_val = not args.no_val and (done % val_every == 0 or done == args.epochs or stop)
+        if want_val and stop and budget.over(time.time(), sec_val or val_guess(sec_step or first_cost)):
+            # a budget too short for the model on this device (a CPU rehearsal)
+            line += " (final validation skipped: it would not fit in the time budget)"
+            want_val = False
+        if want_val:
             tv = time.time()
             miou, aacc, ious = evaluate(eval_model, val_imgs, val_labels, mcfg, device,
                                         tcfg.get("val_batch", 4), plan)
