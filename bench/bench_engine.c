@@ -1,13 +1,19 @@
 /* Times engine_run on a synthetic image: warm-up once (plan + arena sizing),
- * then --repeat runs. Prints one JSON line; bench/bench_cpu.py compares it
- * with the PyTorch reference side by side. --stages adds the time per stage,
+ * then --repeat runs. Prints one JSON line. --stages adds the time per stage,
  * taken at the engine's trace points (on CUDA each point waits for the
- * stream and copies the stage out, so the sum exceeds a plain run a little). */
+ * stream and copies the stage out, so the sum exceeds a plain run a little).
+ * --image runs a real image instead. --serve is bench/bench_cpu.py's worker
+ * mode: after loading it prints {"ready": ...} and then answers each stdin
+ * line "run" with {"ms": T} (one timed engine_run) and "dump PATH" with the
+ * last result's --dump file, until EOF, so the driver can interleave it with
+ * other contenders run by run. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <cblas.h>
 
 #include "app/engine.h"
 
@@ -37,6 +43,40 @@ static int stage_of(const char *name)
     return 5;
 }
 
+/* The worker loop of --serve. Returns the exit status. */
+static int serve(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *ro)
+{
+#ifdef MS_HAVE_CUDA
+    const char *cuda = "true"; /* linked and loaded at start: part of the RSS */
+#else
+    const char *cuda = "false";
+#endif
+    printf("{\"ready\": true, \"openblas\": \"%s\", \"core\": \"%s\", \"cuda_linked\": %s}\n",
+           openblas_get_config(), openblas_get_corename(), cuda);
+    fflush(stdout);
+    char line[4096];
+    while (fgets(line, sizeof line, stdin)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strcmp(line, "run")) {
+            double t0 = now_ms();
+            if (engine_run(e, res, img, ro) != MS_OK) break;
+            printf("{\"ms\": %.3f}\n", now_ms() - t0);
+        } else if (!strncmp(line, "dump ", 5) && res->logits) {
+            if (result_write_dump(res, line + 5) != MS_OK) break;
+            printf("{\"ok\": true}\n");
+        } else {
+            fprintf(stderr, "bench_engine: unknown command (or dump before run): '%s'\n", line);
+            return 2;
+        }
+        fflush(stdout);
+    }
+    if (ferror(stdin) || !feof(stdin)) {
+        fprintf(stderr, "bench_engine: %s\n", ferror(stdin) ? "stdin read error" : ms_last_error());
+        return 1;
+    }
+    return 0;
+}
+
 static void on_stage(void *user, const char *name, const float *data, int ndim,
                      const int64_t *shape)
 {
@@ -49,9 +89,9 @@ static void on_stage(void *user, const char *name, const float *data, int ndim,
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL;
+    const char *model = NULL, *image = NULL;
     int w = 512, h = 512, repeat = 3, threads = 0;
-    bool stages = false;
+    bool stages = false, serving = false;
     ms_engine_options eo = {.device = MS_DEV_CPU};
     ms_run_options ro = {.attention = -1};
     for (int i = 1; i < argc; i++) {
@@ -64,9 +104,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--device") && v) { eo.device = strcmp(v, "cuda") ? MS_DEV_CPU : MS_DEV_CUDA; i++; }
         else if (!strcmp(a, "--record")) ro.record = true;
         else if (!strcmp(a, "--stages")) stages = true;
+        else if (!strcmp(a, "--image") && v) image = v, i++;
+        else if (!strcmp(a, "--serve")) serving = true;
         else {
             fprintf(stderr, "usage: bench_engine --model FILE [--size WxH] [--repeat N] [--threads N]"
-                            " [--attention mita|full] [--device cpu|cuda] [--record] [--stages]\n");
+                            " [--attention mita|full] [--device cpu|cuda] [--record] [--stages]"
+                            " [--image FILE] [--serve]\n");
             return 2;
         }
     }
@@ -77,10 +120,30 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_engine: %s\n", ms_last_error());
         return 1;
     }
-    ms_image img = {.w = w, .h = h, .rgb = malloc((size_t)w * h * 3)};
-    uint32_t s = 12345;
-    for (size_t i = 0; i < (size_t)w * h * 3; i++) img.rgb[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
+    ms_image img = {.w = w, .h = h};
+    if (image) {
+        if (image_read(&img, image) != MS_OK) {
+            fprintf(stderr, "bench_engine: %s\n", ms_last_error());
+            engine_free(e);
+            return 1;
+        }
+    } else {
+        if (!(img.rgb = malloc((size_t)w * h * 3))) {
+            fprintf(stderr, "bench_engine: out of memory for a %dx%d image\n", w, h);
+            engine_free(e);
+            return 1;
+        }
+        uint32_t s = 12345;
+        for (size_t i = 0; i < (size_t)w * h * 3; i++) img.rgb[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
+    }
     ms_result res = {0};
+    if (serving) {
+        int rc = serve(e, &res, &img, &ro);
+        result_free(&res);
+        image_free(&img);
+        engine_free(e);
+        return rc;
+    }
     double t0 = now_ms();
     if (engine_run(e, &res, &img, &ro) != MS_OK) {
         fprintf(stderr, "bench_engine: %s\n", ms_last_error());
@@ -112,7 +175,7 @@ int main(int argc, char **argv)
     }
     printf("}\n");
     result_free(&res);
-    free(img.rgb);
+    image_free(&img);
     engine_free(e);
     return 0;
 }

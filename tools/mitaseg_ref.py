@@ -41,6 +41,14 @@ import safetensors_io
 IMAGENET_MEAN = [123.675, 116.28, 103.53]
 IMAGENET_STD = [58.395, 57.12, 57.375]
 
+# tools/export_onnx.py sets this while it traces the model: the two ops the
+# ONNX exporter of torch 1.13 rejects get exportable equivalents (MiTA's
+# stable sort becomes torch.topk, which keeps either of two exactly tied keys;
+# adaptive average pooling to a size that does not divide the input becomes
+# window sums by 0/1 matrices, equal up to the last bit). Off: training and the
+# goldens use the exact ops.
+EXPORT_ONNX = False
+
 # --------------------------------------------------------------------------
 # 1. Config
 # --------------------------------------------------------------------------
@@ -114,6 +122,40 @@ def first_argmax(x, dim=-1):
     return torch.where(x == mx, pos, big).min(dim=dim).values
 
 
+def pool_windows(n_in, n_out, dtype):
+    """(n_out, n_in) 0/1 matrix: row i marks the window [floor(i*S/G),
+    ceil((i+1)*S/G)); and (n_out,) the window lengths. Built in numpy: a traced
+    constant, not tensor writes in the graph."""
+    A, n = np.zeros((n_out, n_in)), np.zeros(n_out)
+    for i in range(n_out):
+        a, b = (i * n_in) // n_out, -((-(i + 1) * n_in) // n_out)
+        A[i, a:b], n[i] = 1.0, b - a
+    return torch.from_numpy(A).to(dtype), torch.from_numpy(n).to(dtype)
+
+
+def adaptive_avg_pool(x, size):
+    """F.adaptive_avg_pool2d(x (B, C, H, W), size); when EXPORT_ONNX, window
+    sums as constant 0/1 matrices A_h x A_w^T divided by the window areas
+    (identical windows; the sums' order may differ in the last bit)."""
+    if not EXPORT_ONNX:
+        return F.adaptive_avg_pool2d(x, size)
+    H, W = x.shape[-2:]
+    Ah, nh = pool_windows(H, size[0], x.dtype)
+    Aw, nw = pool_windows(W, size[1], x.dtype)
+    return (Ah @ x @ Aw.t()) / (nh[:, None] * nw[None, :])
+
+
+class AdaptiveAvgPool(nn.Module):
+    """nn.AdaptiveAvgPool2d through adaptive_avg_pool() (no parameters)."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.size = (size, size)
+
+    def forward(self, x):
+        return adaptive_avg_pool(x, self.size)
+
+
 def attention_full(q, k, v):
     """softmax(Q K^T s) V per head."""
     s = q.shape[-1] ** -0.5
@@ -125,14 +167,14 @@ def mita_landmarks(q_tokens, grid, landmarks, num_heads):
 
     q_tokens (B, N, C); grid (Hp, Wp); landmarks (Gh, Gw) clamped to the grid.
     Returns L (B, h, M, d) and the effective (Gh, Gw).
-    F.adaptive_avg_pool2d uses exactly the spec's windows
+    adaptive average pooling uses exactly the spec's windows
     [floor(i*S/G), ceil((i+1)*S/G)).
     """
     B, N, C = q_tokens.shape
     Hp, Wp = grid
     gh, gw = min(landmarks[0], Hp), min(landmarks[1], Wp)
     qmap = q_tokens.transpose(1, 2).reshape(B, C, Hp, Wp)
-    lmap = F.adaptive_avg_pool2d(qmap, (gh, gw))               # (B, C, gh, gw)
+    lmap = adaptive_avg_pool(qmap, (gh, gw))                   # (B, C, gh, gw)
     L = lmap.reshape(B, C, gh * gw).transpose(1, 2)            # (B, M, C)
     d = C // num_heads
     L = L.reshape(B, gh * gw, num_heads, d).transpose(1, 2)    # (B, h, M, d)
@@ -163,7 +205,10 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None):
     # 2.2 probe and each expert's routed set: the k largest P[m, :], ties to the
     # lower position (stable descending sort keeps equal values in index order).
     P = L @ k.transpose(-1, -2)                                  # (B, h, M, N)
-    idx = torch.sort(P.detach(), dim=-1, descending=True, stable=True).indices[..., :kk]
+    if EXPORT_ONNX:
+        idx = torch.topk(P.detach(), kk, dim=-1).indices
+    else:
+        idx = torch.sort(P.detach(), dim=-1, descending=True, stable=True).indices[..., :kk]
 
     # 2.3 shared expert: each landmark's softmax summary of all values.
     Sv = torch.softmax(P * s, dim=-1) @ v                         # (B, h, M, d)
@@ -418,7 +463,7 @@ class UPerHead(nn.Module):
         super().__init__()
         self.pool_scales = list(pool_scales)
         self.psp_modules = nn.ModuleList([
-            nn.Sequential(nn.AdaptiveAvgPool2d(s), ConvModule(cin, ch, 1, bn_eps=bn_eps))
+            nn.Sequential(AdaptiveAvgPool(s), ConvModule(cin, ch, 1, bn_eps=bn_eps))
             for s in self.pool_scales])
         self.bottleneck = ConvModule(cin + len(self.pool_scales) * ch, ch, 3, padding=1, bn_eps=bn_eps)
         self.lateral_convs = nn.ModuleList([ConvModule(cin, ch, 1, bn_eps=bn_eps) for _ in range(3)])
@@ -505,7 +550,8 @@ def preprocess(img, cfg, dtype=torch.float32):
     short side is input.short_side; normalise; zero-pad right/bottom to a
     multiple of pad_multiple."""
     cfg = complete_config(cfg)
-    t = torch.as_tensor(np.asarray(img)).to(dtype).permute(2, 0, 1).unsqueeze(0)  # (1,3,H,W)
+    t = img if torch.is_tensor(img) else torch.as_tensor(np.asarray(img))   # tensor: traceable
+    t = t.to(dtype).permute(2, 0, 1).unsqueeze(0)                           # (1,3,H,W)
     H, W = t.shape[-2:]
     rh, rw = working_size(H, W, cfg)
     t = resize(t, (rh, rw))

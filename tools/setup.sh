@@ -2,7 +2,9 @@
 # Installs the Debian packages mitaseg needs and builds it into build/.
 # Usage: bash tools/setup.sh [--dev]    (as root, or with sudo available)
 #   --dev  also what the tests and tools need: Check, Xvfb + xdotool for the
-#          viewer test, PyTorch for the reference model and training.
+#          viewer test, PyTorch for the reference model and training, Slurm,
+#          munge and GNU parallel for the cluster test, python3-venv for the
+#          ONNX Runtime virtualenv (tools/ort_venv.py: benchmark, export test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,7 +12,8 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
       libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
 if [ "${1:-}" = "--dev" ]; then
-  pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil)
+  pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
+         slurmctld slurmd slurm-client munge parallel)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
