@@ -18,6 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import convert  # noqa: E402
 import mitaseg_ref as R  # noqa: E402
 
 
@@ -46,7 +47,7 @@ def main():
                     help="last.pt of an EMA run: export the raw weights, not the EMA ones")
     args = ap.parse_args()
 
-    ck = torch.load(args.checkpoint, map_location="cpu")
+    ck = convert.load_checkpoint(args.checkpoint)   # weights_only=False (PyTorch >= 2.6 default)
     cfg = R.complete_config(ck["model_config"])
     model = R.MitaSeg(cfg)
     # last.pt of a run with weight EMA holds both; the EMA weights are the

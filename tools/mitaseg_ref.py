@@ -224,7 +224,8 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None):
     a = R * (s * s_sh)                                            # (B, h, N, M)
     p = torch.softmax(torch.cat([a, b], dim=-1), dim=-1)
     p_sh, p_rt = p[..., :M], p[..., M:]
-    dense = torch.zeros_like(QK).scatter(-1, idx_n, p_rt)         # idx_n unique per row
+    # (p_rt's dtype: under CUDA autocast softmax is float32 next to bf16 QK)
+    dense = torch.zeros_like(QK, dtype=p_rt.dtype).scatter(-1, idx_n, p_rt)  # idx_n unique per row
     out = p_sh @ Sv + dense @ v
 
     if record is not None:

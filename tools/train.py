@@ -172,6 +172,20 @@ class TrainSet(torch.utils.data.Dataset):
         return augment(self.imgs[j], self.labels[j], self.tcfg, self.mcfg, random.Random(seed))
 
 
+class KeySampler(torch.utils.data.Sampler):
+    """Yields the current epoch's keys (set by the training loop before each
+    epoch); iterated in the main process, so persistent workers see new keys."""
+
+    def __init__(self):
+        self.keys = []
+
+    def __iter__(self):
+        return iter(list(self.keys))
+
+    def __len__(self):
+        return len(self.keys)
+
+
 def epoch_keys(rng, n, steps, bs):
     """(index, seed) for each sample of one epoch: a shuffled order, drop-last batches."""
     order = list(range(n))
@@ -597,7 +611,8 @@ def main(argv=None):
     init_from = None if args.resume else (args.init_model or args.init_backbone)
     last_path = os.path.join(args.out, "last.pt")
     if args.resume:
-        ck = torch.load(last_path, map_location="cpu")
+        import convert
+        ck = convert.load_checkpoint(last_path)   # weights_only=False: RNG states are pickles
         model.load_state_dict(ck["model"])
         aux.load_state_dict(ck["aux"])
         opt.load_state_dict(ck["optimizer"])
@@ -626,6 +641,12 @@ def main(argv=None):
     eval_model = ema.module if ema is not None else model
     dataset = TrainSet(train_imgs, train_labels, tcfg, mcfg)
     workers = loader_workers(tcfg, device)
+    # one loader for the run (workers persist across epochs); the sampler
+    # hands it each epoch's keys
+    sampler = KeySampler()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, num_workers=workers,
+                                         pin_memory=device.type == "cuda", drop_last=True,
+                                         persistent_workers=workers > 0)
     sec_val = 0.0          # measured cost of one validation (budget reserve)
 
     def val_guess(sec_step):
@@ -643,10 +664,10 @@ def main(argv=None):
         model.train()
         aux.train()
         t_ep = time.time()
-        keys = epoch_keys(rng, len(train_imgs), steps_per_epoch, bs)
-        loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=keys, num_workers=workers,
-                                             pin_memory=device.type == "cuda", drop_last=True)
-        sum_loss = sum_aux = 0.0
+        sampler.keys = epoch_keys(rng, len(train_imgs), steps_per_epoch, bs)
+        # losses summed on the device: no host sync per step (checked once per epoch)
+        sum_loss = torch.zeros((), device=device)
+        sum_aux = torch.zeros((), device=device)
         n_steps = 0
         for x, y in loader:
             x, y = to_input(x, device, plan), y.to(device, non_blocking=True)
@@ -671,11 +692,8 @@ def main(argv=None):
                 ema.update(model)
             step += 1
             n_steps += 1
-            sum_loss += loss_main.item()
-            sum_aux += loss_aux.item()
-            if not math.isfinite(loss.item()):
-                log_line(args.out, "non-finite loss at epoch %d step %d; stopping" % (epoch + 1, n_steps))
-                return 1
+            sum_loss += loss_main.detach()
+            sum_aux += loss_aux.detach()
             if budget is not None:
                 now = time.time()
                 # wall seconds per step since this process's first step (which
@@ -692,6 +710,10 @@ def main(argv=None):
                 if step >= sched_fn.total or budget.over(now, reserve + (sec_step or first_cost)):
                     stop = True
                     break
+        sum_loss, sum_aux = sum_loss.item(), sum_aux.item()
+        if not (math.isfinite(sum_loss) and math.isfinite(sum_aux)):
+            log_line(args.out, "non-finite loss in epoch %d; stopping (last.pt is the epoch before)" % (epoch + 1))
+            return 1
         secs = time.time() - t_ep
         n = max(1, n_steps)
         done = epoch + 1

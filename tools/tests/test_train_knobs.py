@@ -10,6 +10,7 @@ import os
 import random
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
@@ -264,14 +265,23 @@ class TestAugmentAndSamples(unittest.TestCase):
         tcfg = {"base_size": [36, 48], "scale_range": [0.5, 2.0], "crop": [24, 32],
                 "photometric": {"brightness": 0.3, "hue": 0.1}}
         ds = T.TrainSet([img, img], [lab, lab], tcfg, self.MCFG)
-        keys = T.epoch_keys(random.Random(5), 2, 1, 2)
-        self.assertEqual(len(keys), 2)
-        a = list(torch.utils.data.DataLoader(ds, batch_size=2, sampler=keys, num_workers=0))
-        b = list(torch.utils.data.DataLoader(ds, batch_size=2, sampler=keys, num_workers=2))
-        self.assertTrue(torch.equal(a[0][0], b[0][0]) and torch.equal(a[0][1], b[0][1]))
-        # another seed, another sample
+        rng = random.Random(5)
+        epochs = [T.epoch_keys(rng, 2, 1, 2) for _ in range(2)]
+        self.assertEqual(len(epochs[0]), 2)
+        # the run's loader: one DataLoader, persistent workers, new keys each epoch
+        sampler = T.KeySampler()
+        loader = torch.utils.data.DataLoader(ds, batch_size=2, sampler=sampler, num_workers=2,
+                                             persistent_workers=True, drop_last=True)
+        for keys in epochs:
+            sampler.keys = keys
+            a = list(torch.utils.data.DataLoader(ds, batch_size=2, sampler=keys, num_workers=0))
+            b = list(loader)
+            self.assertEqual(len(b), 1)
+            self.assertTrue(torch.equal(a[0][0], b[0][0]) and torch.equal(a[0][1], b[0][1]))
+        # another seed, another sample; another epoch, other samples
         other = ds[(keys[0][0], keys[0][1] + 1)]
         self.assertFalse(torch.equal(other[0], a[0][0][0]))
+        self.assertFalse(torch.equal(ds[epochs[0][0]][0], ds[epochs[1][0]][0]))
 
 
 class TestEmaScheduleBudget(unittest.TestCase):
@@ -357,6 +367,14 @@ class TestDevicePlan(unittest.TestCase):
         self.assertTrue(math.isfinite(loss.item()))
         g = model.backbone.blocks[0].attn.qkv.weight.grad
         self.assertTrue(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0)
+        # CUDA's autocast runs softmax in float32 (CPU's does not): the step
+        # must also run when softmax hands float32 probabilities to bf16 code
+        orig = torch.softmax
+        with mock.patch("torch.softmax", lambda x, dim, **kw: orig(x.float(), dim)), T.autocast(cpu, plan):
+            st = {}
+            head = model(x, stages=st)
+        self.assertEqual(head.dtype, torch.bfloat16)
+        F.cross_entropy(head.float(), y[:, ::4, ::4]).backward()   # head at 1/4 size
         miou, aacc, _ = T.evaluate(model, [torch.zeros(3, 32, 48, dtype=torch.uint8)],
                                    [torch.zeros(32, 48, dtype=torch.uint8)], model.cfg, cpu, 1, plan)
         self.assertTrue(0 <= miou <= 100 and 0 <= aacc <= 100)

@@ -87,7 +87,8 @@ class TestTrainPhaseRehearsal(unittest.TestCase):
             train = dict(TRAIN, data_root="/nonexistent", min_lr_ratio=0.01, warmup_steps=2,
                          scale_range=[0.5, 2.0], photometric={"gamma": 0.2, "hue": 0.05},
                          blur={"prob": 0.3, "sigma": [0.5, 1.0]}, ema=0.99,
-                         class_weighting={"type": "sqrt_inv_freq", "clip": [0.5, 3.0]})
+                         class_weighting={"type": "sqrt_inv_freq", "clip": [0.5, 3.0]},
+                         workers=2)   # the CUDA path's persistent DataLoader workers
             with open(config, "w") as f:
                 json.dump({"model": MODEL, "train": train}, f)
             out = os.path.join(root, "out")
