@@ -6,7 +6,9 @@
 # whatever device PyTorch sees (CUDA: bf16 autocast, channels-last,
 # DataLoader workers), from scratch or (`shipped`) from
 # assets/models/camvid-mita.safetensors, with the cosine schedule planned to
-# end within the budget; then exports the weights (EMA) as F16. Leaves
+# end within the budget, validating on the held-out sequence every 5 epochs
+# and at the end; then exports the final weights (EMA; not the best
+# validation epoch, which would pick on the held-out set) as F16. Leaves
 # OUTDIR/last.pt, OUTDIR/model.safetensors, OUTDIR/log.txt, OUTDIR/train.out
 # and exits 0, or exits non-zero with the reason on the last line.
 # Data: ../shared/data/camvid when present, else the carried pack gpu-data/
@@ -59,7 +61,8 @@ TRAIN_SECS=$((SECS - RESERVE))
 echo "train-phase: $(date -u +%FT%TZ) data $DATA, config $CONFIG, holdout $HOLDOUT, init $INIT, budget ${SECS}s (training ${TRAIN_SECS}s)" | tee "$OUT/train.out"
 # shellcheck disable=SC2086
 "$PY" "$ROOT/tools/train.py" --config "$CONFIG" --out "$OUT" --data-root "$DATA" --holdout "$HOLDOUT" \
-    --epochs 100000 --time-budget "$TRAIN_SECS" "${INIT_ARGS[@]}" ${MS_TRAIN_ARGS:-} >>"$OUT/train.out" 2>&1
+    --epochs 100000 --time-budget "$TRAIN_SECS" --val-every 5 "${INIT_ARGS[@]}" ${MS_TRAIN_ARGS:-} \
+    >>"$OUT/train.out" 2>&1
 rc=$?
 if [ $rc -ne 0 ] || [ ! -f "$OUT/last.pt" ]; then
     tail -5 "$OUT/train.out" >&2
