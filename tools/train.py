@@ -622,6 +622,8 @@ def main(argv=None):
         if ema is not None and ck.get("ema") is not None:
             ema.module.load_state_dict(ck["ema"])
             ema.updates = ck.get("ema_updates", 0)
+        elif ema is not None:     # a run without EMA so far: average from its weights
+            ema = ModelEMA(model, tcfg["ema"])
         start_epoch, best = ck["epoch"], ck.get("best_miou", -1.0)
         init_from = ck.get("init")
         step = ck.get("step", start_epoch * steps_per_epoch)

@@ -382,3 +382,28 @@ class TestDevicePlan(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestResumeWithEma(unittest.TestCase):
+    """--resume restores the EMA weights and their update count: 2 epochs +
+    resume to 3 gives bit for bit the EMA of 3 epochs in one go."""
+
+    def test_resume_ema(self):
+        from tools.tests.test_train import MODEL, TRAIN, make_dataset, run_tool
+        with tempfile.TemporaryDirectory() as root:
+            make_dataset(os.path.join(root, "data"), n_train=4, n_val=1)
+            config = os.path.join(root, "c.json")
+            with open(config, "w") as f:
+                json.dump({"model": MODEL, "train": dict(TRAIN, data_root=os.path.join(root, "data"),
+                                                         ema=0.9, photometric={"hue": 0.1, "gamma": 0.2})}, f)
+            a, b = os.path.join(root, "a"), os.path.join(root, "b")
+            run_tool("train.py", "--config", config, "--out", a, "--epochs", 3, "--no-val")
+            run_tool("train.py", "--config", config, "--out", b, "--epochs", 2, "--no-val")
+            run_tool("train.py", "--config", config, "--out", b, "--epochs", 3, "--no-val", "--resume")
+            ca, cb = torch.load(os.path.join(a, "last.pt")), torch.load(os.path.join(b, "last.pt"))
+            self.assertEqual(ca["ema_updates"], 6)
+            self.assertEqual(cb["ema_updates"], 6)
+            for k, v in ca["ema"].items():
+                self.assertTrue(torch.equal(v, cb["ema"][k]), k)
+            k0 = "backbone.blocks.0.attn.qkv.weight"
+            self.assertFalse(torch.equal(ca["ema"][k0], ca["model"][k0]))   # an average, not a copy
