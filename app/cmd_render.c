@@ -226,8 +226,8 @@ int cmd_render(int argc, char **argv)
     char status[256], info[256];
     describe(status, sizeof status, image, &res);
     const char *model = cli_model_path(&ea), *slash = strrchr(model, '/');
-    snprintf(info, sizeof info, "%s\nran on %s in %.0f ms", slash ? slash + 1 : model, res.device_name,
-             res.ms_total);
+    snprintf(info, sizeof info, "%s\nran on %s in %.0f ms%s", slash ? slash + 1 : model, res.device_name,
+             res.ms_total, res.tta_flip ? " (flip TTA)" : "");
     st.status = status;
     st.info = info;
     px = malloc((size_t)W * H * 4);
