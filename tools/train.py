@@ -49,15 +49,20 @@ read_list = make_splits.read_list
 
 def data_pairs(root, tcfg, holdout=None):
     """(train pairs, val pairs, description). holdout = a sequence name: the
-    leave-one-sequence-out fold over train_list + val_list (make_splits.py)."""
+    leave-one-sequence-out fold over train_list + val_list (make_splits.py).
+    train_list may be a list of list files: their union is trained on."""
     tl, vl = tcfg["train_list"], tcfg["val_list"]
     if holdout:
+        if isinstance(tl, list):
+            raise ValueError("holdout: train_list must be one list file")
         train, val = make_splits.fold(make_splits.pool_pairs(root, [tl, vl]), holdout)
         desc = "%s + %s minus sequence %s (%d frames); validated on %s (%d frames, a sequence never " \
                "trained on)" % (tl, vl, holdout, len(train), holdout, len(val))
         return train, val, desc
-    train, val = read_list(os.path.join(root, tl)), read_list(os.path.join(root, vl))
-    return train, val, "%s (%d frames); validated on %s (%d frames)" % (tl, len(train), vl, len(val))
+    # a list of lists trains on all of them (the final model: train + val)
+    tls = tl if isinstance(tl, list) else [tl]
+    train, val = make_splits.pool_pairs(root, tls), read_list(os.path.join(root, vl))
+    return train, val, "%s (%d frames); validated on %s (%d frames)" % (" + ".join(tls), len(train), vl, len(val))
 
 
 def decode_all(pairs):

@@ -70,6 +70,11 @@ class TestSplits(unittest.TestCase):
             self.assertEqual([os.path.realpath(p[0]) for p in va], [os.path.realpath(p[0]) for p in pairs])
             self.assertIn("0016E5", desc)
             self.assertEqual(make_splits.main([os.path.join(root, "data"), out, "--holdout", "nope"]), 1)
+            # the final model's data: train_list naming both lists, no holdout
+            tr, va, desc = T.data_pairs(os.path.join(root, "data"), {"train_list": ["train.txt", "val.txt"],
+                                                                     "val_list": "val.txt"}, None)
+            self.assertEqual((len(tr), len(va)), (6, 2))
+            self.assertIn("train.txt + val.txt (6 frames)", desc)
 
 
 class TestClassWeights(unittest.TestCase):
