@@ -42,7 +42,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mitaseg_ref as R  # noqa: E402
 import make_splits  # noqa: E402
 
-read_list = make_splits.read_list
 
 
 # ---------------------------------------------------------------- data
@@ -61,7 +60,7 @@ def data_pairs(root, tcfg, holdout=None):
         return train, val, desc
     # a list of lists trains on all of them (the final model: train + val)
     tls = tl if isinstance(tl, list) else [tl]
-    train, val = make_splits.pool_pairs(root, tls), read_list(os.path.join(root, vl))
+    train, val = make_splits.pool_pairs(root, tls), make_splits.read_list(os.path.join(root, vl))
     return train, val, "%s (%d frames); validated on %s (%d frames)" % (" + ".join(tls), len(train), vl, len(val))
 
 
@@ -376,10 +375,6 @@ class WarmupCosine:
             return 1e-3 + (1 - 1e-3) * step / max(1, self.warmup)
         t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-
-
-def lr_lambda_factory(warmup, total, min_ratio):
-    return WarmupCosine(warmup, total, min_ratio)
 
 
 class BudgetPlan:
