@@ -1,15 +1,37 @@
 /* Batch mode plumbing: input enumeration, sharding, output names, tiles. */
+#define _GNU_SOURCE /* vasprintf */
 #include "batch.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "../kernels/elementwise.h" /* slide_windows, slide_start */
+
+/* A folder found through a symbolic link, walked after the real tree. */
+struct ms_batch_link {
+    char *dir, *rel;    /* owned */
+    int depth;
+};
+
 void batch_list_init(ms_batch_list *l) { memset(l, 0, sizeof *l); }
+
+/* arr (n used of *cap elements of `size` bytes) with room for one more,
+ * doubling from `first`: the array to use from now on, or NULL when out of
+ * memory (arr is then still valid and unchanged). */
+static void *grow(void *arr, int *cap, int n, int first, size_t size)
+{
+    if (n < *cap) return arr;
+    int c = *cap ? 2 * *cap : first;
+    void *p = realloc(arr, (size_t)c * size);
+    if (p) *cap = c;
+    return p;
+}
 
 void batch_list_free(ms_batch_list *l)
 {
@@ -18,7 +40,35 @@ void batch_list_free(ms_batch_list *l)
         free(l->items[i].rel);
     }
     free(l->items);
+    for (int i = 0; i < l->n_bad; i++) free(l->bad[i]);
+    free(l->bad);
+    fio_id_set_free(&l->visited);
+    for (int i = 0; i < l->n_linked; i++) {
+        free(l->linked[i].dir);
+        free(l->linked[i].rel);
+    }
+    free(l->linked);
     memset(l, 0, sizeof *l);
+}
+
+/* Records an entry that could not be added; only running out of memory
+ * stops the enumeration. */
+static ms_status add_bad(ms_batch_list *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static ms_status add_bad(ms_batch_list *l, const char *fmt, ...)
+{
+    char **nb = grow(l->bad, &l->cap_bad, l->n_bad, 16, sizeof *l->bad);
+    if (!nb)
+        return ms_error(MS_ERR_OOM, "out of memory: %d batch errors at %s:%d", l->n_bad + 1,
+                        __FILE__, __LINE__);
+    l->bad = nb;
+    va_list ap;
+    va_start(ap, fmt);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
+    va_end(ap);
+    if (n < 0) return ms_error(MS_ERR_OOM, "out of memory: a batch error message");
+    l->bad[l->n_bad++] = msg;
+    return MS_OK;
 }
 
 void batch_list_skip_dir(ms_batch_list *l, const char *dir)
@@ -70,18 +120,14 @@ static ms_status list_push(ms_batch_list *l, char *path, char *rel)
         free(rel);
         return ms_error(MS_ERR_OOM, "out of memory: batch path at %s:%d", __FILE__, __LINE__);
     }
-    if (l->n == l->cap) {
-        int cap = l->cap ? l->cap * 2 : 64;
-        ms_batch_item *it = realloc(l->items, (size_t)cap * sizeof *it);
-        if (!it) {
-            free(path);
-            free(rel);
-            return ms_error(MS_ERR_OOM, "out of memory: %d batch items at %s:%d", cap,
-                            __FILE__, __LINE__);
-        }
-        l->items = it;
-        l->cap = cap;
+    ms_batch_item *items = grow(l->items, &l->cap, l->n, 64, sizeof *l->items);
+    if (!items) {
+        free(path);
+        free(rel);
+        return ms_error(MS_ERR_OOM, "out of memory: %d batch items at %s:%d", l->n + 1,
+                        __FILE__, __LINE__);
     }
+    l->items = items;
     ms_batch_item *it = &l->items[l->n++];
     memset(it, 0, sizeof *it);
     it->path = path;
@@ -100,16 +146,44 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Takes ownership of dir and rel. */
+static ms_status push_linked(ms_batch_list *l, char *dir, char *rel, int depth)
+{
+    struct ms_batch_link *linked = grow(l->linked, &l->cap_linked, l->n_linked, 16,
+                                        sizeof *l->linked);
+    if (!linked) {
+        free(dir);
+        free(rel);
+        return ms_error(MS_ERR_OOM, "out of memory: %d linked folders at %s:%d",
+                        l->n_linked + 1, __FILE__, __LINE__);
+    }
+    l->linked = linked;
+    l->linked[l->n_linked++] = (struct ms_batch_link){dir, rel, depth};
+    return MS_OK;
+}
+
 /* Adds the image files of dir (rel_prefix + name as rel), descending when
- * recursive. Entries are sorted here only for a stable error order; the list
- * is sorted as a whole later. */
+ * recursive into folders not walked before (by identity: a link back up the
+ * tree adds nothing); folders behind a symbolic link go to l->linked.
+ * Entries are sorted here only for a stable error order; the list is sorted
+ * as a whole later. Only the top folder (depth 0) failing to open is an
+ * error; below it, what cannot be read goes to l->bad. */
 static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_prefix,
                          bool recursive, int depth)
 {
     if (depth > 64)
-        return ms_error(MS_ERR_ARG, "%s: folders nested deeper than 64 levels (a link loop?)", dir);
+        return add_bad(l, "%s: folders nested deeper than 64 levels; not read", dir);
     DIR *d = opendir(dir);
-    if (!d) return ms_error(MS_ERR_IO, "%s: cannot open folder: %s", dir, strerror(errno));
+    if (!d) {
+        if (depth == 0) return ms_error(MS_ERR_IO, "%s: cannot open folder: %s", dir, strerror(errno));
+        return add_bad(l, "%s: cannot open folder: %s", dir, strerror(errno));
+    }
+    struct stat dsb;
+    if (fstat(dirfd(d), &dsb) == 0 &&
+        fio_id_set_add(&l->visited, dsb.st_dev, dsb.st_ino, 0, NULL) < 0) {
+        closedir(d);
+        return ms_error(MS_ERR_OOM, "out of memory: listing %s", dir);
+    }
     char **names = NULL;
     int n = 0, cap = 0;
     ms_status st = MS_OK;
@@ -129,7 +203,8 @@ static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_pref
         n++;
     }
     closedir(d);
-    if (st == MS_OK) qsort(names, (size_t)n, sizeof *names, cmp_str);
+    /* n == 0 leaves names NULL, which qsort must not be given */
+    if (st == MS_OK && n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str);
     for (int i = 0; i < n && st == MS_OK; i++) {
         char *full = path_join(dir, names[i]);
         char *rel = path_join(rel_prefix, names[i]);
@@ -140,23 +215,30 @@ static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_pref
             break;
         }
         struct stat sb;
-        if (stat(full, &sb) != 0) { /* dangling link: not an image we can read */
-            free(full);
-            free(rel);
-            continue;
-        }
-        if (S_ISDIR(sb.st_mode)) {
+        bool image = batch_is_image_name(names[i]);
+        if (stat(full, &sb) != 0) {
+            /* a dangling link, a link loop, no permission: reported when it
+             * looks like an image, so no image is dropped silently */
+            if (image) st = add_bad(l, "%s: cannot read: %s", full, strerror(errno));
+        } else if (S_ISDIR(sb.st_mode)) {
             bool skip = !recursive ||
-                        (l->has_skip && sb.st_dev == l->skip_dev && sb.st_ino == l->skip_ino);
-            if (!skip) st = add_dir(l, full, rel, recursive, depth + 1);
-            free(full);
-            free(rel);
-        } else if (S_ISREG(sb.st_mode) && batch_is_image_name(names[i])) {
+                        (l->has_skip && sb.st_dev == l->skip_dev && sb.st_ino == l->skip_ino) ||
+                        fio_id_set_find(&l->visited, sb.st_dev, sb.st_ino) >= 0;
+            struct stat lsb;
+            if (!skip && lstat(full, &lsb) == 0 && S_ISLNK(lsb.st_mode)) {
+                st = push_linked(l, full, rel, depth + 1);
+                full = rel = NULL; /* owned by l->linked now */
+            } else if (!skip) {
+                st = add_dir(l, full, rel, recursive, depth + 1);
+            }
+        } else if (image && !S_ISREG(sb.st_mode)) {
+            st = add_bad(l, "%s: not a regular file; skipped", full);
+        } else if (image) {
             st = list_push(l, full, rel);
-        } else {
-            free(full);
-            free(rel);
+            full = rel = NULL; /* owned by the list now */
         }
+        free(full);
+        free(rel);
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -212,6 +294,26 @@ static ms_status push_spelled(ms_batch_list *l, const char *path, const char *re
     return MS_OK;
 }
 
+/* The folders found through links, once the real tree is walked: each one
+ * not walked by then (a link out of the tree) is walked now, in the order
+ * found; the ones it links to in turn join the queue. */
+static ms_status walk_linked(ms_batch_list *l, bool recursive)
+{
+    ms_status st = MS_OK;
+    for (int i = 0; i < l->n_linked && st == MS_OK; i++) {
+        struct ms_batch_link k = l->linked[i]; /* add_dir may move l->linked */
+        struct stat sb;
+        if (stat(k.dir, &sb) == 0 && fio_id_set_find(&l->visited, sb.st_dev, sb.st_ino) < 0)
+            st = add_dir(l, k.dir, k.rel, recursive, k.depth);
+    }
+    for (int i = 0; i < l->n_linked; i++) {
+        free(l->linked[i].dir);
+        free(l->linked[i].rel);
+    }
+    l->n_linked = 0;
+    return st;
+}
+
 static ms_status add_spelled(ms_batch_list *l, const char *path, const char *rel_source,
                              bool recursive, bool must_exist)
 {
@@ -222,7 +324,10 @@ static ms_status add_spelled(ms_batch_list *l, const char *path, const char *rel
     }
     /* A folder named explicitly is read even when it is the skipped one (-o
      * = the input folder); the skip applies to folders found by -r. */
-    if (S_ISDIR(sb.st_mode)) return add_dir(l, path, "", recursive, 0);
+    if (S_ISDIR(sb.st_mode)) {
+        MS_TRY(add_dir(l, path, "", recursive, 0));
+        return walk_linked(l, recursive);
+    }
     return push_spelled(l, path, rel_source);
 }
 
@@ -288,8 +393,9 @@ ms_status batch_add_stream(ms_batch_list *l, FILE *f, const char *name, const ch
     while (st == MS_OK && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         if ((size_t)len != strlen(line)) {
-            st = ms_error(MS_ERR_FORMAT, "%s:%ld: NUL byte in a path", name, lineno);
-            break;
+            /* reported, and the lines after it still read */
+            st = add_bad(l, "%s:%ld: NUL byte in a path (the line starts '%s')", name, lineno, line);
+            continue;
         }
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' ||
                            line[len - 1] == ' ' || line[len - 1] == '\t'))
@@ -309,13 +415,8 @@ ms_status batch_add_stream(ms_batch_list *l, FILE *f, const char *name, const ch
 
 ms_status batch_add_list_file(ms_batch_list *l, const char *list_path, bool recursive)
 {
-    FILE *f = fopen(list_path, "r");
-    if (!f) return ms_error(MS_ERR_IO, "%s: %s", list_path, strerror(errno));
-    struct stat sb;
-    if (fstat(fileno(f), &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fclose(f);
-        return ms_error(MS_ERR_ARG, "%s: is a folder, not a list file", list_path);
-    }
+    FILE *f;
+    MS_TRY(fio_fopen_list(&f, list_path));
     char *dir = str_dup(list_path);
     if (!dir) { fclose(f); return ms_error(MS_ERR_OOM, "out of memory"); }
     char *slash = strrchr(dir, '/');
@@ -405,15 +506,13 @@ ms_status batch_output_path(char **out, const char *out_dir, const char *rel, co
     return MS_OK;
 }
 
-ms_status batch_check_output(const ms_batch_list *l, const char *out)
+ms_status batch_note_inputs(const ms_batch_list *l)
 {
-    struct stat sb;
-    if (stat(out, &sb) != 0) return MS_OK; /* nothing there: nothing to replace */
     for (int i = 0; i < l->n; i++) {
         const ms_batch_item *it = &l->items[i];
-        if (it->exists && it->dev == sb.st_dev && it->ino == sb.st_ino)
-            return ms_error(MS_ERR_ARG, "output %s would overwrite the input %s (choose another -o)",
-                            out, it->path);
+        if (!it->exists) continue;
+        struct stat sb = {.st_dev = it->dev, .st_ino = it->ino};
+        MS_TRY(fio_note_input(it->path, &sb));
     }
     return MS_OK;
 }
@@ -491,21 +590,17 @@ ms_status batch_make_parent_dirs(const char *path)
     return MS_OK;
 }
 
+/* Windows per pixel a tiling may average; overlap 3/4 of the tile gives 16. */
+#define MS_TILE_MAX_RUNS 16
+
 int batch_tile_starts(int *starts, int len, int tile, int overlap)
 {
-    if (len <= tile) {
-        if (starts) starts[0] = 0;
-        return 1;
-    }
-    int stride = tile - overlap;
     /* Windows at 0, stride, 2*stride, ... until one reaches the end; the last
-     * is moved back to end flush, so no window is partial and none hangs out. */
-    int count = 1 + (len - tile + stride - 1) / stride;
+     * is moved back to end flush, so no window is partial and none hangs out
+     * (the same windows as a model's input.slide, mmseg's slide_inference). */
+    int stride = tile - overlap, count = slide_windows(len, tile, stride);
     if (starts)
-        for (int i = 0; i < count; i++) {
-            int s = i * stride;
-            starts[i] = s + tile > len ? len - tile : s;
-        }
+        for (int i = 0; i < count; i++) starts[i] = slide_start(i, len, tile, stride);
     return count;
 }
 
@@ -521,6 +616,13 @@ ms_status batch_run_tiled(uint8_t *mask, float *logits, const uint8_t *rgb, int 
     int ny = batch_tile_starts(NULL, h, tile, overlap);
     int nx = batch_tile_starts(NULL, w, tile, overlap);
     size_t plane = (size_t)w * h, total;
+    /* Work absurd for the image's size (a 16-pixel tile with overlap 15 runs
+     * each pixel 256 times) is refused up front rather than ground through. */
+    double runs = (double)nx * ny * (w < tile ? w : tile) * (h < tile ? h : tile) / (double)plane;
+    if (runs > MS_TILE_MAX_RUNS)
+        return ms_error(MS_ERR_ARG,
+                        "--tile %d --overlap %d would run each pixel %.0f times (at most %d): "
+                        "use a smaller overlap", tile, overlap, runs, MS_TILE_MAX_RUNS);
     if (!ms_mul_size(&total, plane, (size_t)classes))
         return ms_error(MS_ERR_ARG, "tiling: %dx%d x %d classes overflows", w, h, classes);
     int *ys = malloc((size_t)ny * sizeof *ys), *xs = malloc((size_t)nx * sizeof *xs);
@@ -625,7 +727,9 @@ ms_status batch_segment_tiled(uint8_t *mask, ms_engine *e, ms_result *res,
                               const ms_run_options *opt, const ms_image *img, int tile,
                               int overlap)
 {
-    tile_ctx c = {e, res, opt};
+    ms_run_options with_logits = *opt;
+    with_logits.mask_only = false; /* the windows' logits are summed */
+    tile_ctx c = {e, res, &with_logits};
     return batch_run_tiled(mask, NULL, img->rgb, img->w, img->h, engine_config(e)->n_classes,
                            tile, overlap, run_crop, &c);
 }

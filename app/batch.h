@@ -9,8 +9,9 @@
 #include <stdio.h>
 #include <sys/types.h>
 
-#include "../kernels/common.h"
 #include "engine.h"
+#include "file_io.h"
+#include "kernels/common.h"
 
 typedef struct {
     char *path;     /* as opened: given path, dir/rel, or list-folder/line */
@@ -33,6 +34,18 @@ typedef struct {
     dev_t skip_dev;
     ino_t skip_ino;
     bool has_skip;
+    /* Folders walked, by identity: a link loop (loop -> ., up -> ..) or a
+     * second way to a folder adds nothing more. Folders reached through a
+     * symbolic link wait in `linked` until the real tree is walked, so the
+     * real path wins and outputs mirror the real folders. */
+    fio_id_set visited;
+    struct ms_batch_link *linked;   /* (n_linked) */
+    int n_linked, cap_linked;
+    /* Entries that could not be added, one message each ("list.txt:2: NUL
+     * byte in a path", an unreadable sub-folder): the command reports them
+     * and counts them as failed; enumeration goes on past them. */
+    char **bad;     /* (n_bad) */
+    int n_bad, cap_bad;
 } ms_batch_list;
 
 void batch_list_init(ms_batch_list *l);
@@ -47,16 +60,20 @@ bool batch_is_image_name(const char *name);
 
 /* A file is added as it is (whatever its name; a bad one fails when read).
  * A folder adds its image files, and those of its sub-folders when recursive;
- * rel is the path below the folder. A missing path is an error. */
+ * rel is the path below the folder. A missing path is an error; an entry
+ * below the folder that cannot be read (a sub-folder without permission, a
+ * dangling link or a FIFO with an image's name) goes to l->bad. */
 ms_status batch_add_path(ms_batch_list *l, const char *path, bool recursive);
 /* One path per line (blank lines and lines starting with '#' skipped, trailing
  * CR and spaces removed); relative paths are relative to base_dir (NULL: the
  * working directory). `name` is used in error messages. Entries that do not
  * exist are kept (they fail like unreadable files); folders are expanded as
- * batch_add_path does. */
+ * batch_add_path does; a line holding a NUL byte goes to l->bad and the
+ * lines after it are still read. */
 ms_status batch_add_stream(ms_batch_list *l, FILE *f, const char *name, const char *base_dir,
                            bool recursive);
-/* batch_add_stream on a file; base_dir is the list file's folder. */
+/* batch_add_stream on a file or a pipe (fio_fopen_list); base_dir is the
+ * list file's folder. */
 ms_status batch_add_list_file(ms_batch_list *l, const char *list_path, bool recursive);
 
 /* Loose entries (absolute or ".." list lines, like `find /data -name '*.jpg'`
@@ -86,11 +103,11 @@ void batch_shard(ms_batch_list *l, int index, int count);
  * ".overlay.png"). Caller frees *out. */
 ms_status batch_output_path(char **out, const char *out_dir, const char *rel, const char *suffix);
 
-/* MS_OK when writing `out` cannot replace any item of `l` (compared by file
- * identity, so "./a/../x.png" and "x.png" are the same file); else MS_ERR_ARG
- * with "output OUT would overwrite the input INPUT (...)". Call before sharding, so one
- * shard does not overwrite what another shard reads. */
-ms_status batch_check_output(const ms_batch_list *l, const char *out);
+/* Notes every existing item as an input (fio_note_input), so that
+ * fio_check_output and every writer refuse to replace any of them, however
+ * spelled. Call before sharding, so one shard does not overwrite what
+ * another shard reads. */
+ms_status batch_note_inputs(const ms_batch_list *l);
 
 /* Output outputs[i] equals an earlier outputs[j] (two inputs mapping to one
  * name, like a.jpg and a.png): dup[i] = j, else -1. n entries. */

@@ -1,4 +1,5 @@
 /* Option parsing and engine opening shared by the commands. */
+#define _GNU_SOURCE /* vasprintf */
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 const char cli_engine_help[] =
     "engine options:\n"
@@ -20,6 +22,9 @@ const char cli_engine_help[] =
     "  --device cpu|cuda|auto  where to run (default auto: the GPU when usable)\n"
     "  --threads N             CPU threads (default: all cores)\n"
     "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n"
+    "  --max-memory SIZE       refuse, before decoding it, an image whose run would\n"
+    "                          hold more than SIZE bytes of host memory (K, M, G,\n"
+    "                          T suffixes; default: half of physical memory)\n"
     "  --tta flip|none         flip: average the logits of the image and its mirror\n"
     "                          (about twice the time; MiTA selections from the\n"
     "                          unflipped image). Default none\n";
@@ -31,15 +36,93 @@ double cli_now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+void cli_fputs_escaped(const char *s, FILE *f)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    for (; *p; p++) {
+        unsigned c = *p;
+        if (c == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { /* C1 controls, as UTF-8 */
+            fprintf(f, "\\xc2\\x%02x", p[1]);
+            p++;
+        } else if (c == '\n') {
+            fputs("\\n", f);
+        } else if (c == '\t') {
+            fputs("\\t", f);
+        } else if (c == '\r') {
+            fputs("\\r", f);
+        } else if (c < 0x20 || c == 0x7f) {
+            fprintf(f, "\\x%02x", c);
+        } else {
+            fputc((int)c, f);
+        }
+    }
+}
+
 void cli_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("mitaseg: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    char *msg = NULL;
+    int n = vasprintf(&msg, fmt, ap);
     va_end(ap);
+    fputs("mitaseg: ", stderr);
+    cli_fputs_escaped(n >= 0 ? msg : "(out of memory formatting a message)", stderr);
+    fputc('\n', stderr);
+    free(msg);
 }
+
+/* ---- interrupts ---- */
+
+volatile sig_atomic_t cli_interrupted;
+static volatile sig_atomic_t g_graceful;
+/* The graceful stop's deadline: half a second, so the whole stop stays
+ * under a second (timer_settime is async-signal-safe; alarm(1) the fallback). */
+static timer_t g_deadline;
+static bool g_have_deadline;
+
+static void write_str(const char *s) /* async-signal-safe stderr output */
+{
+    ssize_t r = write(STDERR_FILENO, s, strlen(s));
+    (void)r;
+}
+
+static void on_interrupt(int sig)
+{
+    if (sig != SIGALRM && g_graceful && !cli_interrupted) {
+        cli_interrupted = sig;
+        struct itimerspec half = {.it_value = {.tv_sec = 0, .tv_nsec = 500000000}};
+        if (!g_have_deadline || timer_settime(g_deadline, 0, &half, NULL) != 0) alarm(1);
+        return;
+    }
+    int first = cli_interrupted ? cli_interrupted : sig;
+    fio_remove_live_temps();
+    write_str(sig == SIGALRM ? "\nmitaseg: interrupted; the work in flight was dropped "
+                               "(finished outputs are kept)\n"
+                             : "\nmitaseg: interrupted\n");
+    _exit(128 + first);
+}
+
+void cli_interrupt_init(void)
+{
+    struct sigevent sev;
+    memset(&sev, 0, sizeof sev);
+    sev.sigev_notify = SIGEV_SIGNAL;
+    sev.sigev_signo = SIGALRM;
+    g_have_deadline = timer_create(CLOCK_MONOTONIC, &sev, &g_deadline) == 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESTART; /* file writes are not cut short */
+    sigemptyset(&sa.sa_mask);
+    /* SIGHUP (the terminal closed) ends a run like SIGTERM, with 129 */
+    static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGALRM};
+    for (int i = 0; i < 4; i++) sigaddset(&sa.sa_mask, sigs[i]);
+    for (int i = 0; i < 4; i++) sigaction(sigs[i], &sa, NULL);
+}
+
+void cli_interrupt_graceful(void) { g_graceful = 1; }
+
+int cli_interrupt_status(void) { return 128 + cli_interrupted; }
 
 void cli_engine_args_init(cli_engine_args *a)
 {
@@ -58,11 +141,32 @@ static bool parse_int(const char *s, int lo, int hi, int *out)
     return true;
 }
 
+/* "4G", "512M", "1.5G", "1000000": bytes (binary suffixes), at least 1 MiB. */
+static bool parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v > 0)) return false;
+    static const char suffixes[] = "KMGT";
+    double mul = 1;
+    if (*end) {
+        const char *k = strchr(suffixes, *end >= 'a' ? *end - 32 : *end);
+        if (!k || !*k) return false;
+        for (const char *p = suffixes; p <= k; p++) mul *= 1024;
+        end++;
+        if (*end == 'B' || *end == 'b') end++;
+    }
+    if (*end || v * mul < 1048576.0 || v * mul > (double)SIZE_MAX / 2) return false;
+    *out = (size_t)(v * mul);
+    return true;
+}
+
 int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
 {
     const char *opt = argv[*i];
-    static const char *const with_value[] = {"--model", "--attention", "--landmarks",
-                                             "--topk", "--device", "--threads", "--tta", NULL};
+    static const char *const with_value[] = {"--model", "--attention", "--landmarks", "--topk",
+                                             "--device", "--threads", "--max-memory", "--tta", NULL};
     if (!strcmp(opt, "--fp32")) {
         a->eng.fp32 = true;
         return 1;
@@ -104,6 +208,11 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
         if (!strcmp(v, "flip")) a->run.tta_flip = true;
         else if (!strcmp(v, "none")) a->run.tta_flip = false;
         else { cli_error("--tta: expected flip or none, got '%s'", v); return -1; }
+    } else if (!strcmp(opt, "--max-memory")) {
+        if (!parse_size(v, &a->eng.max_memory)) {
+            cli_error("--max-memory: expected a size such as 2G or 512M, got '%s'", v);
+            return -1;
+        }
     } else if (!strcmp(opt, "--threads")) {
         if (!parse_int(v, 1, 1024, &a->eng.threads)) {
             cli_error("--threads: expected 1..1024, got '%s'", v);
@@ -119,21 +228,25 @@ const char *cli_model_path(const cli_engine_args *a)
     if (a->model) return a->model;
     const char *env = getenv("MITASEG_MODEL");
     if (env && *env) return env;
+    return cli_asset_path(buf, sizeof buf, "models/camvid-mita.safetensors");
+}
+
+const char *cli_asset_path(char *buf, size_t n, const char *name)
+{
     /* Next to the executable's tree first (installed or build dir), then the
      * source tree it was built from. */
     char exe[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) {
-        exe[n] = '\0';
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) {
             *slash = '\0';
-            snprintf(buf, sizeof buf, "%.*s/../assets/models/camvid-mita.safetensors",
-                     (int)(sizeof buf - 64), exe);
+            snprintf(buf, n, "%.*s/../assets/%s", (int)(n > 128 ? n - 128 : 0), exe, name);
             if (access(buf, R_OK) == 0) return buf;
         }
     }
-    snprintf(buf, sizeof buf, "%s/assets/models/camvid-mita.safetensors", MS_SOURCE_DIR);
+    snprintf(buf, n, "%s/assets/%s", MS_SOURCE_DIR, name);
     return buf;
 }
 
@@ -147,4 +260,32 @@ int cli_open_engine(ms_engine **e, const cli_engine_args *a, bool quiet)
     const char *why = engine_fallback_reason(*e);
     if (why && !quiet) fprintf(stderr, "mitaseg: running on the CPU: %s\n", why);
     return 0;
+}
+
+typedef struct {
+    ms_engine *e;
+    const ms_run_options *opt;
+    int tile;
+} image_budget;
+
+/* image_size_check: the run this image will get, within the engine's budget. */
+static ms_status check_image_budget(void *user, int w, int h)
+{
+    const image_budget *b = user;
+    size_t px = (size_t)w * h;
+    size_t extra = 4 * px; /* the decoded image (RGBA before alpha is dropped) */
+    if (b->tile > 0) {
+        /* --tile: tile-size runs plus the full-size sum of their logits. */
+        extra += (size_t)engine_config(b->e)->n_classes * px * sizeof(float);
+        return engine_check_memory(b->e, 1, h < b->tile ? h : b->tile, w < b->tile ? w : b->tile,
+                                   b->opt, extra);
+    }
+    return engine_check_memory(b->e, 1, h, w, b->opt, extra);
+}
+
+ms_status cli_read_image(ms_image *img, const char *path, ms_engine *e, const ms_run_options *opt,
+                         int tile)
+{
+    image_budget b = {e, opt, tile};
+    return image_read_checked(img, path, check_image_budget, &b);
 }

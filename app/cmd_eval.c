@@ -2,7 +2,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "batch.h"
 #include "cli.h"
 #include "eval.h"
+#include "file_io.h"
 
 static const char eval_help[] =
     "usage: mitaseg eval --list FILE [options]\n"
@@ -36,7 +36,11 @@ static const char eval_help[] =
     "  -h, --help              this help\n"
     "\n"
     "Labels are 8-bit grey or palette PNGs holding class ids, of the image's size.\n"
-    "A pair that cannot be read is reported and left out; the exit status is then 1.\n"
+    "A pair that cannot be read is reported and left out; the exit status is then 1,\n"
+    "as it is when no label pixel could be scored (all ignored or out of range).\n"
+    "2: usage error (--json is checked before the run); 130/143: interrupted by\n"
+    "SIGINT/SIGTERM (the metrics so far are printed if the pair in flight ends\n"
+    "within half a second; else the run stops at once).\n"
     "\n";
 
 typedef struct {
@@ -88,9 +92,9 @@ oom:
 
 static int read_list(pair_list *l, const char *path)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        cli_error("%s: %s", path, strerror(errno));
+    FILE *f;
+    if (fio_fopen_list(&f, path) != MS_OK) {
+        cli_error("%s", ms_last_error());
         return 1;
     }
     char *dir = strdup(path);
@@ -102,8 +106,14 @@ static int read_list(pair_list *l, const char *path)
     size_t cap = 0;
     long lineno = 0;
     int rc = 0;
-    while (getline(&line, &cap, f) >= 0) {
+    ssize_t len;
+    while ((len = getline(&line, &cap, f)) >= 0) {
         lineno++;
+        if ((size_t)len != strlen(line)) {
+            cli_error("%s:%ld: NUL byte in a line", path, lineno);
+            rc = 2;
+            break;
+        }
         char *save, *img = strtok_r(line, " \t\r\n", &save);
         if (!img || img[0] == '#') continue;
         char *lab = strtok_r(NULL, " \t\r\n", &save);
@@ -126,7 +136,7 @@ static int read_list(pair_list *l, const char *path)
 
 /* Images below images_dir paired with labels_dir/<same relative name>.png
  * (or the same name as is, when that exists). */
-static int pair_dirs(pair_list *l, const char *images_dir, const char *labels_dir)
+static int pair_dirs(pair_list *l, const char *images_dir, const char *labels_dir, int *listed_bad)
 {
     ms_batch_list bl;
     batch_list_init(&bl);
@@ -137,6 +147,10 @@ static int pair_dirs(pair_list *l, const char *images_dir, const char *labels_di
     }
     batch_sort_unique(&bl);
     int rc = 0;
+    /* what could not be listed (an unreadable sub-folder) is reported, and
+     * makes the run's status 1 like a pair that cannot be read */
+    for (int i = 0; i < bl.n_bad; i++) cli_error("%s", bl.bad[i]);
+    *listed_bad = bl.n_bad;
     for (int i = 0; i < bl.n && !rc; i++) {
         char *lab = NULL;
         if (batch_output_path(&lab, labels_dir, bl.items[i].rel, ".png") != MS_OK) {
@@ -164,13 +178,6 @@ static int pair_dirs(pair_list *l, const char *images_dir, const char *labels_di
     return rc;
 }
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1;
-}
-
 /* One pair into the matrix. */
 static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8_t **mask,
                            size_t *mask_cap, const pair *p, const ms_run_options *opt, int tile,
@@ -179,7 +186,7 @@ static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8
     ms_image img = {0};
     uint8_t *lab = NULL;
     int lw, lh;
-    ms_status st = image_read(&img, p->image);
+    ms_status st = cli_read_image(&img, p->image, e, opt, tile);
     if (st != MS_OK) return st;
     st = image_read_label(&lab, &lw, &lh, p->label);
     if (st == MS_OK && (lw != img.w || lh != img.h))
@@ -288,17 +295,36 @@ int cmd_eval(int argc, char **argv)
     }
 
     pair_list pl = {0};
-    int rc = list ? read_list(&pl, list) : pair_dirs(&pl, images, labels);
+    int listed_bad = 0;
+    int rc = list ? read_list(&pl, list) : pair_dirs(&pl, images, labels, &listed_bad);
     if (rc) {
         pairs_free(&pl);
         return rc;
     }
     int n_all = limit && limit < pl.n ? limit : pl.n;
+    /* Every image and label is an input: --json may replace none of them,
+     * and is checked (and tried) before the run, not after it. */
+    for (int i = 0; i < pl.n && json; i++) {
+        struct stat sb;
+        const char *both[2] = {pl.p[i].image, pl.p[i].label};
+        for (int k = 0; k < 2; k++)
+            if (stat(both[k], &sb) == 0 && fio_note_input(both[k], &sb) != MS_OK) {
+                cli_error("%s", ms_last_error());
+                pairs_free(&pl);
+                return 1;
+            }
+    }
 
     ms_engine *e;
     if (cli_open_engine(&e, &ea, quiet)) {
         pairs_free(&pl);
         return 1;
+    }
+    if (json && fio_check_writable(json) != MS_OK) {
+        cli_error("eval: --json: %s", ms_last_error());
+        engine_free(e);
+        pairs_free(&pl);
+        return 2;
     }
     const ms_config *cfg = engine_config(e);
     ms_confusion cm;
@@ -308,23 +334,20 @@ int cmd_eval(int argc, char **argv)
         pairs_free(&pl);
         return 1;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND | SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    cli_interrupt_graceful(); /* the pair in flight gets half a second, then the metrics so far */
 
     ms_result res;
     memset(&res, 0, sizeof res);
+    /* Only the mask is scored: no full-size logits unless --tile sums them. */
+    ms_run_options run = ea.run;
+    run.mask_only = tile == 0;
     uint8_t *mask = NULL;
     size_t mask_cap = 0;
     int failed = 0, done = 0;
     double ms_engine_total = 0, t0 = cli_now_s(), last = 0;
     bool tty = isatty(STDERR_FILENO);
-    for (int i = 0; i < n_all && !g_stop; i++) {
-        if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &ea.run, tile, overlap,
+    for (int i = 0; i < n_all && !cli_interrupted; i++) {
+        if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &run, tile, overlap,
                       &ms_engine_total) != MS_OK) {
             if (tty && !quiet) fputs("\r\033[K", stderr);
             const char *msg = ms_last_error();
@@ -358,7 +381,9 @@ int cmd_eval(int argc, char **argv)
         goto out;
     }
     const char *model = cli_model_path(&ea);
-    printf("model: %s\n", model);
+    fputs("model: ", stdout);
+    cli_fputs_escaped(model, stdout);
+    putchar('\n');
     printf("device: %s, attention: %s", res.device_name[0] ? res.device_name : "-",
            res.attention == MS_ATTN_MITA ? "mita" : "full");
     if (res.attention == MS_ATTN_MITA && done) printf(" (landmarks %dx%d, k %d)", res.gh, res.gw, res.k);
@@ -378,13 +403,20 @@ int cmd_eval(int argc, char **argv)
     printf("\n%-24s", "mAcc");
     print_pct(m.macc);
     printf("\n\n%d image%s evaluated%s", done, done == 1 ? "" : "s",
-           g_stop ? " (interrupted)" : "");
+           cli_interrupted ? " (interrupted)" : "");
     if (failed) printf(", %d failed", failed);
     printf(" in %.1f s (%.2f images/s; model %.1f ms/image)\n", el, el > 0 ? done / el : 0.0,
            done ? ms_engine_total / done : 0.0);
     if (cm.out_of_range)
         cli_error("warning: %llu labelled pixels hold values >= %d classes (not the ignore "
                   "index); they were skipped", (unsigned long long)cm.out_of_range, cfg->n_classes);
+    /* Images were read but no pixel could be scored: the metrics mean
+     * nothing, which is an error, not a row of dashes with exit 0. */
+    bool nothing_scored = done > 0 && m.labelled == 0;
+    if (nothing_scored)
+        cli_error("eval: no labelled pixel to score in %d image%s: every label pixel is the "
+                  "ignore index or >= %d classes (are these the labels of this model?)",
+                  done, done == 1 ? "" : "s", cfg->n_classes);
     if (json) {
         char imgs[32], fl[32], secs[32], mspi[32], lm[32], topk[32];
         snprintf(imgs, sizeof imgs, "%d", done);
@@ -402,7 +434,7 @@ int cmd_eval(int argc, char **argv)
                               "attention", res.attention == MS_ATTN_MITA ? "mita" : "full",
                               "images", imgs, "failed", fl, "seconds", secs,
                               "ms_per_image", mspi,
-                              "interrupted", g_stop ? "yes" : "no", "tile", tiles,
+                              "interrupted", cli_interrupted ? "yes" : "no", "tile", tiles,
                               "tta", ea.run.tta_flip ? "flip" : "none",
                               /* MiTA facts last: NULL ends the list for full attention */
                               mita ? "landmarks" : NULL, lm, "topk", topk, NULL};
@@ -412,7 +444,9 @@ int cmd_eval(int argc, char **argv)
         }
     }
     metrics_free(&m);
-    if (!rc) rc = g_stop ? 130 : (failed || done == 0) ? 1 : 0;
+    if (!rc)
+        rc = cli_interrupted ? cli_interrupt_status()
+                             : (failed || listed_bad || done == 0 || nothing_scored) ? 1 : 0;
 out:
     confusion_free(&cm);
     free(mask);

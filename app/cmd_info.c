@@ -1,5 +1,6 @@
 /* mitaseg info: a model file's config, what follows from it, and its tensors.
- * Reads the file with model_file_open only (no engine, no weights touched). */
+ * Checks it as the engine would (shapes against the config, finite weights)
+ * without keeping the weights or picking a device. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,7 +16,8 @@ static const char info_help[] =
     "Prints a model file's config (as stored, pretty-printed), derived facts (token\n"
     "grid at the working size, MiTA cost, parameter count) and its tensor table\n"
     "(name, dtype, shape, bytes). MODEL defaults to --model FILE, $MITASEG_MODEL,\n"
-    "or the shipped model.\n"
+    "or the shipped model. A model the engine would refuse (a tensor that does not\n"
+    "fit the config, a NaN or Inf weight) is one error line and exit status 1.\n"
     "\n"
     "options:\n"
     "  --model FILE            the model file (same as MODEL)\n"
@@ -116,9 +118,18 @@ int cmd_info(int argc, char **argv)
         cli_error("%s", ms_last_error());
         return 1;
     }
+    /* What the engine would refuse (a tensor the config does not fit, a
+     * non-finite weight), info refuses too. */
+    if (engine_check_model(mf) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        model_file_close(mf);
+        return 1;
+    }
     const ms_config *c = model_file_config(mf);
 
-    printf("model: %s\n\nconfig:\n", model_file_path(mf));
+    fputs("model: ", stdout);
+    cli_fputs_escaped(model_file_path(mf), stdout);
+    printf("\n\nconfig:\n");
     cJSON *j = cJSON_Parse(c->json);
     char *pretty = j ? cJSON_Print(j) : NULL;
     puts(pretty ? pretty : c->json);
@@ -192,7 +203,11 @@ int cmd_info(int argc, char **argv)
         fmt_count(cnt, sizeof cnt, other);
         printf("  other tensors          %s integer elements\n", cnt);
     }
-    if (c->provenance && *c->provenance) printf("  provenance             %s\n", c->provenance);
+    if (c->provenance && *c->provenance) { /* free text from the file: escaped */
+        fputs("  provenance             ", stdout);
+        cli_fputs_escaped(c->provenance, stdout);
+        putchar('\n');
+    }
 
     if (tensors) {
         printf("\ntensors (%d):\n", nt);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 #ifndef MS_HAVE_VIEWER
 int cmd_render(int argc, char **argv)
@@ -24,7 +25,9 @@ static const char render_usage[] =
     "Draws one view of the viewer into a PNG, without a window.\n"
     "\n"
     "options:\n"
-    "  --view V          overlay|heatmap|strip|expert|routing|query (default overlay)\n"
+    "  --view V          overlay|heatmap|strip|expert|routing|query|diff|stats|sweep\n"
+    "                    (default overlay; diff, stats and sweep also run full attention,\n"
+    "                    sweep runs 7 budgets more)\n"
     "  --layer L         layer, 0-based (default: the last MiTA layer)\n"
     "  --head H          head, 0-based, or 'all' (default all)\n"
     "  --expert E        landmark for the expert view (default: the centre one)\n"
@@ -32,6 +35,8 @@ static const char render_usage[] =
     "  --opacity A       tint opacity 0..1 (default 0.5)\n"
     "  --outlines        class outlines in the overlay\n"
     "  --legend-all      list every class in the legend, not only present ones\n"
+    "  --split           diff view: MiTA left, full attention right of the middle\n"
+    "  --zoom Z[,X,Y]    magnify Z times (1..64) about image pixel X,Y (default centre)\n"
     "  --size WxH        picture size (default 1280x800)\n"
     "  -o OUT.png        where to write\n";
 
@@ -61,7 +66,9 @@ int cmd_render(int argc, char **argv)
     int view = VIZ_OVERLAY, layer = -1, head = -1, expert = -1, qx = -1, qy = -1;
     int W = 1280, H = 800;
     float opacity = 0.5f;
-    bool outlines = false, legend_all = false, head_set = false;
+    bool outlines = false, legend_all = false, head_set = false, split = false;
+    float zoom = 1.0f;
+    int zx = -1, zy = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int rc = cli_parse_engine_arg(&ea, argc, argv, &i);
@@ -74,9 +81,10 @@ int cmd_render(int argc, char **argv)
         }
         if (!strcmp(a, "--outlines")) { outlines = true; continue; }
         if (!strcmp(a, "--legend-all")) { legend_all = true; continue; }
+        if (!strcmp(a, "--split")) { split = true; continue; }
         bool takes = !strcmp(a, "--view") || !strcmp(a, "--layer") || !strcmp(a, "--head") ||
                      !strcmp(a, "--expert") || !strcmp(a, "--query") || !strcmp(a, "--opacity") ||
-                     !strcmp(a, "--size") || !strcmp(a, "-o");
+                     !strcmp(a, "--size") || !strcmp(a, "-o") || !strcmp(a, "--zoom");
         if (takes) {
             if (i + 1 >= argc) {
                 cli_error("%s needs a value", a);
@@ -86,7 +94,8 @@ int cmd_render(int argc, char **argv)
             if (!strcmp(a, "--view")) {
                 view = viz_view_parse(v);
                 if (view < 0) {
-                    cli_error("--view: expected overlay, heatmap, strip, expert, routing or query, got '%s'", v);
+                    cli_error("--view: expected overlay, heatmap, strip, expert, routing, query, diff, stats or "
+                              "sweep, got '%s'", v);
                     return 2;
                 }
             } else if (!strcmp(a, "--layer")) {
@@ -119,6 +128,15 @@ int cmd_render(int argc, char **argv)
                     cli_error("--opacity: expected a number in 0..1, got '%s'", v);
                     return 2;
                 }
+            } else if (!strcmp(a, "--zoom")) {
+                int n = 0, m = 0;
+                if (sscanf(v, "%f%n,%d,%d%n", &zoom, &n, &zx, &zy, &m) >= 1 && (v[n] == '\0' || (m > 0 && !v[m])) &&
+                    zoom >= 1 && zoom <= VIZ_ZOOM_MAX && (m == 0 || (zx >= 0 && zy >= 0))) {
+                    if (m == 0) zx = zy = -1;
+                } else {
+                    cli_error("--zoom: expected Z or Z,X,Y with Z in 1..64 and pixels X,Y, got '%s'", v);
+                    return 2;
+                }
             } else if (!strcmp(a, "--size")) {
                 int n = 0;
                 if (sscanf(v, "%dx%d%n", &W, &H, &n) != 2 || v[n] || W < 64 || H < 64 || W > 16384 ||
@@ -146,27 +164,64 @@ int cmd_render(int argc, char **argv)
         return 2;
     }
 
-    ms_image img = {0};
-    if (image_read(&img, image) != MS_OK) {
-        cli_error("%s", ms_last_error());
-        return 1;
-    }
     ms_engine *eng = NULL;
-    if (cli_open_engine(&eng, &ea, false)) {
-        image_free(&img);
-        return 1;
-    }
-    const ms_config *cfg = engine_config(eng);
-    ms_result res;
-    memset(&res, 0, sizeof res);
+    if (cli_open_engine(&eng, &ea, false)) return 1;
+    bool against_full = view == VIZ_DIFF || view == VIZ_STATS || view == VIZ_SWEEP;
     ms_run_options ro = ea.run;
     ro.record = true;
+    ro.keep_blocks = against_full;
+    ms_image img = {0};
+    if (cli_read_image(&img, image, eng, &ro, 0) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        engine_free(eng);
+        return 1;
+    }
+    /* The image and the model are inputs now: -o may be neither, and must
+     * be writable, before the model runs. */
+    if (fio_check_writable(out) != MS_OK) {
+        cli_error("render: -o: %s", ms_last_error());
+        engine_free(eng);
+        image_free(&img);
+        return 2;
+    }
+    const ms_config *cfg = engine_config(eng);
+    ms_result res, full, scratch;
+    memset(&res, 0, sizeof res);
+    memset(&full, 0, sizeof full);
+    memset(&scratch, 0, sizeof scratch);
+    ms_stats stats;
+    memset(&stats, 0, sizeof stats);
+    ms_sweep_point sweep[MS_SWEEP_MAX];
+    int n_sweep = 0;
     int rc = 1;
     uint8_t *px = NULL;
     viz_font *font = NULL;
     if (engine_run(eng, &res, &img, &ro) != MS_OK) {
         cli_error("%s: %s", image, ms_last_error());
         goto done;
+    }
+    if (against_full && res.attention == MS_ATTN_MITA) {
+        /* the reference (and the sweep below) with the shown run's TTA: like with like */
+        ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true, .tta_flip = ro.tta_flip};
+        if (engine_run(eng, &full, &img, &fo) != MS_OK || stats_compute(&stats, &res, &full) != MS_OK) {
+            cli_error("%s: %s", image, ms_last_error());
+            goto done;
+        }
+        if (view == VIZ_SWEEP) {
+            n_sweep = stats_sweep_plan(sweep, res.gh, res.gw, res.k, res.hp, res.wp, res.n);
+            for (int i = 0; i < n_sweep; i++) sweep[i].tta_flip = ro.tta_flip;
+            for (int i = 0; i < n_sweep; i++)
+                if (stats_run_sweep_point(&sweep[i], eng, &scratch, &img, full.mask) != MS_OK) {
+                    cli_error("%s: sweep %s: %s", image, sweep[i].label, ms_last_error());
+                    goto done;
+                }
+        }
+    } else if (res.attention == MS_ATTN_MITA && stats_compute(&stats, &res, NULL) != MS_OK) {
+        cli_error("%s: %s", image, ms_last_error());
+        goto done;
+    } else if (against_full) {
+        fprintf(stderr, "mitaseg: this run is full attention: nothing to compare (the %s view stays empty)\n",
+                viz_view_name((viz_view)view));
     }
     /* check the selections against what this run has */
     if (layer >= res.depth) {
@@ -196,6 +251,11 @@ int cmd_render(int argc, char **argv)
         rc = 2;
         goto done;
     }
+    if (zx >= img.w || zy >= img.h) {
+        cli_error("--zoom: centre %d,%d outside the %dx%d image", zx, zy, img.w, img.h);
+        rc = 2;
+        goto done;
+    }
     if (qx < 0) {
         qx = img.w / 2;
         qy = img.h / 2;
@@ -203,7 +263,7 @@ int cmd_render(int argc, char **argv)
     if (view != VIZ_OVERLAY && res.depth > 0 && (!res.layer_mita || !res.layer_mita[layer]))
         fprintf(stderr, "mitaseg: layer %d ran full attention: it has no selections to show\n", layer);
     if (viz_font_open(&font, viz_font_path(), 13) != MS_OK) {
-        fprintf(stderr, "mitaseg: drawing without text: %s\n", ms_last_error());
+        cli_error("drawing without text: %s", ms_last_error());
         font = NULL;
     }
     viz_state st;
@@ -223,6 +283,14 @@ int cmd_render(int argc, char **argv)
     st.outlines = outlines;
     st.legend_all = legend_all;
     st.font = font;
+    st.full = full.mask ? &full : NULL;
+    st.stats = stats.depth ? &stats : NULL;
+    st.sweep = sweep;
+    st.n_sweep = n_sweep;
+    st.diff_split = split;
+    st.zoom = zoom;
+    st.center_x = zx >= 0 ? zx + 0.5 : img.w / 2.0;
+    st.center_y = zy >= 0 ? zy + 0.5 : img.h / 2.0;
     char status[256], info[256];
     describe(status, sizeof status, image, &res);
     const char *model = cli_model_path(&ea), *slash = strrchr(model, '/');
@@ -247,6 +315,9 @@ done:
     free(px);
     viz_font_free(font);
     result_free(&res);
+    result_free(&full);
+    result_free(&scratch);
+    stats_free(&stats);
     engine_free(eng);
     image_free(&img);
     return rc;

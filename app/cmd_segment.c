@@ -21,6 +21,7 @@
 
 #include "batch.h"
 #include "cli.h"
+#include "stats.h"
 #include "model_file.h"
 
 #ifdef MS_HAVE_VIEWER
@@ -59,13 +60,22 @@ static const char segment_help[] =
     "                          outputs appear only when complete, via temp + rename)\n"
     "  --dump FILE             (one image) also write the engine's logits, mask and\n"
     "                          MiTA selections as safetensors; -o is then optional\n"
+    "  --stats FILE.jsonl      also run full attention on each image and write one\n"
+    "                          JSON line per image of MiTA's per-layer statistics\n"
+    "                          (pruned fractions, shared-summary share, distinct\n"
+    "                          picks, experts' overlap, block-output difference and\n"
+    "                          pixels changed against full attention); -o is then\n"
+    "                          optional. With --dump, the dump holds the block\n"
+    "                          outputs too; with --skip-existing the file's lines\n"
+    "                          are kept and the new ones added\n"
     "\n"
     "large images:\n"
     "  --tile SIZE             run SIZExSIZE windows of the input image (each\n"
     "                          resized by the model like a whole image) and average\n"
     "                          the logits where they overlap; by default a large\n"
     "                          image is resized to the model's working size, never\n"
-    "                          cropped\n"
+    "                          cropped (a model file with input.slide, e.g. one\n"
+    "                          converted from mmseg, runs its own windows there)\n"
     "  --overlap PX            overlap between windows (default SIZE/4)\n"
     "\n"
     "scale and throughput:\n"
@@ -88,8 +98,9 @@ static const char segment_help[] =
     "Inputs are never overwritten: an output that would replace an input is an\n"
     "error for that image. A file that cannot be read is reported on one line\n"
     "(\"mitaseg: PATH: reason\") and the run goes on. Exit status: 0 all done, 1 some\n"
-    "failed, 2 usage error, 130 interrupted (finished outputs are kept; Ctrl-C\n"
-    "again stops at once).\n"
+    "failed, 2 usage error, 130/143 interrupted by SIGINT/SIGTERM (finished\n"
+    "outputs are kept; the images in flight get half a second to finish, then\n"
+    "the run stops at once, leaving no temporary file).\n"
     "\n";
 
 typedef enum { FMT_INDEX, FMT_LABEL, FMT_COLOR } out_format;
@@ -100,6 +111,7 @@ typedef struct {
     out_format format;
     bool overlay, heatmaps, recursive, skip_existing, quiet, read_stdin;
     const char *dump;
+    const char *stats;    /* --stats FILE.jsonl */
     int tile, overlap;
     int shard_i, shard_n;
     int batch;
@@ -111,26 +123,12 @@ typedef struct {
     int n_lists;
 } seg_args;
 
-/* ---- signals ---- */
+/* ---- stopping ---- */
 
+/* Set when the threads could not start; an interrupt sets cli_interrupted
+ * (cli.h), after which the run has half a second to finish the images in flight. */
 static volatile sig_atomic_t g_stop;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    g_stop = 1; /* SA_RESETHAND: a second Ctrl-C ends the process at once */
-}
-
-static void install_signals(void)
-{
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sa.sa_flags = SA_RESETHAND | SA_RESTART; /* file writes are not cut short */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-}
+#define STOPPING() (g_stop || cli_interrupted)
 
 /* ---- jobs and queues ---- */
 
@@ -143,6 +141,7 @@ typedef struct {
     ms_image img;           /* decoded input (kept for --overlay/--heatmaps) */
     uint8_t *mask;          /* (h, w) */
     ms_result *rec;         /* --heatmaps: the engine's record (owned) */
+    char *stats_line;       /* --stats: this image's JSON line (owned) */
 } job;
 
 typedef struct {
@@ -212,6 +211,7 @@ static void job_free(job *j)
     free(j->error);
     image_free(&j->img);
     free(j->mask);
+    free(j->stats_line);
     if (j->rec) {
         result_free(j->rec);
         free(j->rec);
@@ -272,16 +272,21 @@ typedef struct {
     const seg_args *a;
     seg_plan *plan;
     const ms_config *cfg;   /* engine 0's; every engine loads the same model */
+    ms_engine *e0;          /* engine 0: the reader checks each image's memory
+                             * against it before decoding */
+    ms_run_options run_opt; /* segment_run_options */
     job_queue read_q, write_q;
     /* writer-owned counters */
     int done, failed, skipped, total;
     double t0;
     double last_line;
     bool tty;
+    ms_text_out stats_out;  /* --stats lines, in the writer's order */
 #ifdef MS_HAVE_VIEWER
     viz_font *font;         /* --heatmaps labels; NULL: none */
 #endif
     bool bar_shown;
+    int unread;             /* images the reader could not take on (out of memory) */
 } seg_run;
 
 static void fmt_eta(char *buf, size_t n, double s)
@@ -335,8 +340,8 @@ static void report_error(seg_run *r, const char *path, const char *msg)
     clear_bar(r);
     /* Library messages about a file already start with its path. */
     size_t lp = strlen(path);
-    if (!strncmp(msg, path, lp) && msg[lp] == ':') fprintf(stderr, "mitaseg: %s\n", msg);
-    else fprintf(stderr, "mitaseg: %s: %s\n", path, msg);
+    if (!strncmp(msg, path, lp) && msg[lp] == ':') cli_error("%s", msg);
+    else cli_error("%s: %s", path, msg);
 }
 
 /* ---- reader ---- */
@@ -354,17 +359,21 @@ static void *reader_main(void *arg)
 {
     seg_run *r = arg;
     seg_plan *p = r->plan;
-    for (int t = 0; t < p->n_todo && !g_stop; t++) {
+    for (int t = 0; t < p->n_todo && !STOPPING(); t++) {
         int it = p->order[t];
         job *j = calloc(1, sizeof *j);
-        if (!j) break; /* out of memory: stop feeding; the main thread ends cleanly */
+        if (!j) { /* out of memory: stop feeding; the main thread reports what was not read */
+            r->unread = p->n_todo - t;
+            break;
+        }
         j->item = it;
         j->kind = JOB_RUN;
         if (p->plan_error[it]) {
             job_fail(j, p->plan_error[it]);
         } else if (r->a->skip_existing && r->a->out_dir && outputs_done(p, it)) {
             j->kind = JOB_SKIP;
-        } else if (image_read(&j->img, p->list.items[it].path) != MS_OK) {
+        } else if (cli_read_image(&j->img, p->list.items[it].path, r->e0, &r->run_opt,
+                                  r->a->tile) != MS_OK) {
             job_fail(j, ms_last_error());
         }
         queue_put(&r->read_q, j);
@@ -445,7 +454,8 @@ static void *writer_main(void *arg)
         } else if (j->kind == JOB_FAIL) {
             report_error(r, path, j->error ? j->error : "failed");
             r->failed++;
-        } else if (write_outputs(r, j) != MS_OK) {
+        } else if (write_outputs(r, j) != MS_OK ||
+                   (j->stats_line && text_out_line(&r->stats_out, j->stats_line) != MS_OK)) {
             report_error(r, path, ms_last_error());
             r->failed++;
         } else {
@@ -464,9 +474,24 @@ typedef struct {
     seg_run *r;
     ms_engine *e;
     ms_result *res;         /* (a->batch) results, reused batch after batch */
+    ms_result full;         /* --stats: the full-attention run of one image */
+    ms_stats stats;
     pthread_t thread;
     bool started;
 } seg_worker;
+
+/* What segment asks of the engine: the record for --dump, --heatmaps and
+ * --stats, every block's output for --stats,
+ * full-size logits only for --dump and --tile (the mask alone is written
+ * otherwise, so none are kept: memory stays bounded for huge images). */
+static ms_run_options segment_run_options(const seg_args *a)
+{
+    ms_run_options opt = a->eng.run;
+    opt.record = a->dump != NULL || a->heatmaps || a->stats;
+    opt.keep_blocks = a->stats != NULL;
+    opt.mask_only = a->dump == NULL && a->tile == 0;
+    return opt;
+}
 
 /* Runs n same-size images (n == 1 with --tile) through the engine and gives
  * each job its mask (and, for --heatmaps, its record). */
@@ -477,8 +502,7 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
         group[b]->mask = malloc(px ? px : 1);
         MS_CHECK_ALLOC(group[b]->mask, px);
     }
-    ms_run_options opt = a->eng.run;
-    opt.record = a->dump != NULL || a->heatmaps;
+    ms_run_options opt = segment_run_options(a);
     if (a->tile > 0)
         return batch_segment_tiled(group[0]->mask, w->e, &w->res[0], &opt, &group[0]->img,
                                    a->tile, a->overlap);
@@ -493,6 +517,14 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
                             res->h, j->img.w, j->img.h);
         memcpy(j->mask, res->mask, (size_t)j->img.w * j->img.h);
         if (a->dump) MS_TRY(result_write_dump(res, a->dump));
+        if (a->stats) {
+            ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true};
+            MS_TRY(engine_run(w->e, &w->full, &j->img, &fo));
+            MS_TRY(stats_compute(&w->stats, res, &w->full));
+            const ms_config *cfg = engine_config(w->e);
+            MS_TRY(stats_to_json(&j->stats_line, &w->stats, res, w->r->plan->list.items[j->item].path,
+                                 cfg->class_names, NULL, 0, false));
+        }
         if (a->heatmaps) {
             /* The viewer's strip needs the record after res is reused: hand it over. */
             j->rec = malloc(sizeof *j->rec);
@@ -508,7 +540,7 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
 static void finish_group(job **group, int n, seg_worker *w)
 {
     const seg_args *a = w->r->a;
-    if (g_stop) { /* interrupted: drop what is not started */
+    if (STOPPING()) { /* interrupted: drop what is not started */
         for (int b = 0; b < n; b++) job_free(group[b]);
         return;
     }
@@ -543,7 +575,7 @@ static void *worker_main(void *arg)
         job *j = next ? next : queue_get(&r->read_q);
         next = NULL;
         if (!j) break;
-        if (g_stop) { /* interrupted: drop what is not started */
+        if (STOPPING()) { /* interrupted: drop what is not started */
             job_free(j);
             continue;
         }
@@ -553,7 +585,7 @@ static void *worker_main(void *arg)
         }
         group[0] = j;
         n = 1;
-        while (n < cap && !g_stop) {
+        while (n < cap && !STOPPING()) {
             job *k = queue_get(&r->read_q);
             if (!k) break;
             if (k->kind != JOB_RUN) {
@@ -579,6 +611,9 @@ static int open_engines(seg_worker *workers, int n_workers, const seg_args *a)
     const char *path = cli_model_path(&a->eng);
     for (int i = 0; i < n_workers; i++) {
         ms_engine_options eo = a->eng.eng;
+        /* One budget for the run, shared by the engines. */
+        if (!eo.max_memory) eo.max_memory = engine_default_memory_budget();
+        eo.max_memory /= (size_t)n_workers;
         eo.device = MS_DEV_CUDA;
         eo.device_index = a->devices[i];
         ms_status st = engine_init(&workers[i].e, path, &eo);
@@ -598,10 +633,10 @@ static int usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fputs("mitaseg: segment: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputs(" (see mitaseg segment --help)\n", stderr);
+    char msg[1024]; /* paths in it are escaped like every message's */
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    cli_error("segment: %s (see mitaseg segment --help)", msg);
     return 2;
 }
 
@@ -690,7 +725,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
         if (!strcmp(o, "--skip-existing")) { a->skip_existing = true; continue; }
         if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) { a->quiet = true; continue; }
         /* options with a value */
-        static const char *const valued[] = {"-o", "--output", "--format", "--list", "--dump",
+        static const char *const valued[] = {"-o", "--output", "--format", "--list", "--dump", "--stats",
                                              "--tile", "--overlap", "--shard", "--batch",
                                              "--devices", NULL};
         bool known = false;
@@ -710,6 +745,8 @@ static int parse_args(seg_args *a, int argc, char **argv)
             a->lists[a->n_lists++] = v;
         } else if (!strcmp(o, "--dump")) {
             a->dump = v;
+        } else if (!strcmp(o, "--stats")) {
+            a->stats = v;
         } else if (!strcmp(o, "--tile")) {
             if (!parse_pos_int(v, 16, 65536, &a->tile))
                 return usage_error("--tile: expected a size in pixels (16..65536), got '%s'", v);
@@ -728,7 +765,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
     }
     if (a->n_inputs == 0 && a->n_lists == 0 && !a->read_stdin)
         return usage_error("no input images (give files, folders, --list FILE or -)");
-    if (!a->out_dir && !a->dump) return usage_error("-o DIR is required");
+    if (!a->out_dir && !a->dump && !a->stats) return usage_error("-o DIR is required");
     struct stat sb;
     if (a->out_dir && stat(a->out_dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return usage_error("-o %s: exists and is not a folder", a->out_dir);
@@ -739,6 +776,7 @@ static int parse_args(seg_args *a, int argc, char **argv)
             return usage_error("--overlap %d must be smaller than --tile %d", a->overlap, a->tile);
         if (a->dump) return usage_error("--dump records one forward pass; it cannot be combined with --tile");
         if (a->heatmaps) return usage_error("--heatmaps shows one forward pass; it cannot be combined with --tile");
+        if (a->stats) return usage_error("--stats describes one forward pass; it cannot be combined with --tile");
     }
     if (!a->out_dir && (a->overlay || a->heatmaps || a->skip_existing || a->format != FMT_INDEX))
         return usage_error("--overlay, --heatmaps, --format and --skip-existing need -o DIR");
@@ -756,6 +794,43 @@ static int parse_args(seg_args *a, int argc, char **argv)
 }
 
 /* ---- planning ---- */
+
+static int cmp_cstr(const void *x, const void *y)
+{
+    return strcmp(*(char *const *)x, *(char *const *)y);
+}
+
+/* Temporary files that killed runs (kill -9, a power loss) left in the
+ * folders this run writes to: removed once, before anything is written
+ * (fio_remove_stale_temps only takes this program's names of dead PIDs). */
+static void remove_stale_temps(const seg_plan *p, const seg_args *a)
+{
+    int n = p->list.n * N_OUT + 1, m = 0;
+    char **dirs = malloc((size_t)n * sizeof *dirs);
+    if (!dirs) return; /* only tidying: never worth failing the run */
+    const char *prev = NULL; /* outputs are in sorted order: most share the last one's folder */
+    size_t prev_len = 0;
+    for (int i = 0; i < p->list.n * N_OUT && a->out_dir; i++) {
+        const char *o = p->out[i];
+        const char *slash = o ? strrchr(o, '/') : NULL;
+        size_t len = slash ? (size_t)(slash - o) + (slash == o) : 0;
+        if (!o || (prev && len == prev_len && !memcmp(o, prev, len))) continue;
+        prev = o;
+        prev_len = len;
+        if ((dirs[m] = slash ? strndup(o, len) : strdup("."))) m++;
+    }
+    if (a->dump) {
+        const char *slash = strrchr(a->dump, '/');
+        if ((dirs[m] = slash ? strndup(a->dump, (size_t)(slash - a->dump) + (slash == a->dump))
+                             : strdup(".")))
+            m++;
+    }
+    qsort(dirs, (size_t)m, sizeof *dirs, cmp_cstr);
+    for (int i = 0; i < m; i++)
+        if (i == 0 || strcmp(dirs[i], dirs[i - 1])) fio_remove_stale_temps(dirs[i]);
+    for (int i = 0; i < m; i++) free(dirs[i]);
+    free(dirs);
+}
 
 /* Enumerates, sorts, maps outputs, applies the input and collision rules,
  * then the shard. Enumeration errors are reported and counted as failures. */
@@ -780,11 +855,21 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
         cli_error("%s", ms_last_error());
         ++*enum_failed;
     }
+    /* Entries that could not be added (a NUL byte in a list line, an
+     * unreadable sub-folder): each reported and counted, none dropped. */
+    for (int i = 0; i < p->list.n_bad; i++) cli_error("%s", p->list.bad[i]);
+    *enum_failed += p->list.n_bad;
     if (batch_place_loose(&p->list) != MS_OK) {
         cli_error("%s", ms_last_error());
         return 1;
     }
     batch_sort_unique(&p->list);
+    /* Every input is remembered before anything is written, so no output
+     * (of any shard, nor the --dump) replaces any of them. */
+    if (batch_note_inputs(&p->list) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        return 1;
+    }
     int n = p->list.n;
     p->out = calloc((size_t)(n ? n : 1) * N_OUT, sizeof *p->out);
     p->plan_error = calloc((size_t)(n ? n : 1), sizeof *p->plan_error);
@@ -811,7 +896,7 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
         for (int i = 0; i < n; i++)
             for (int k = 0; k < N_OUT && !p->plan_error[i]; k++) {
                 const char *o = p->out[i * N_OUT + k];
-                if (o && batch_check_output(&p->list, o) != MS_OK)
+                if (o && fio_check_output(o) != MS_OK)
                     p->plan_error[i] = fmt_dup("%s", ms_last_error());
             }
         /* Two inputs, one output name (a.jpg and a.png): the first in sorted
@@ -844,6 +929,7 @@ static int build_plan(seg_plan *p, const seg_args *a, int *enum_failed)
     }
     for (int i = 0; i < n; i++)
         if (a->shard_n == 0 || batch_in_shard(i, a->shard_i, a->shard_n)) p->order[p->n_todo++] = i;
+    remove_stale_temps(p, a);
     return 0;
 }
 
@@ -869,6 +955,17 @@ int cmd_segment(int argc, char **argv)
         rc = enum_failed ? 1 : 0;
         goto out_plan;
     }
+    if (a.stats) {
+        /* the statistics file is an output too: never onto an input */
+        struct stat ss;
+        for (int i = 0; stat(a.stats, &ss) == 0 && i < plan.list.n; i++)
+            if (plan.list.items[i].exists && plan.list.items[i].dev == ss.st_dev &&
+                plan.list.items[i].ino == ss.st_ino) {
+                cli_error("segment: --stats %s is one of the input images; not overwriting it", a.stats);
+                rc = 2;
+                goto out_plan;
+            }
+    }
     int n_workers = a.n_devices > 0 ? a.n_devices : 1;
     seg_worker *workers = calloc((size_t)n_workers, sizeof *workers);
     if (!workers) {
@@ -878,9 +975,36 @@ int cmd_segment(int argc, char **argv)
     }
     rc = open_engines(workers, n_workers, &a);
     if (rc) goto out_workers;
+    /* The model is an input now too: --dump is checked against it and every
+     * image before the run, not after it. */
+    if (a.dump && fio_check_writable(a.dump) != MS_OK) {
+        cli_error("segment: --dump: %s", ms_last_error());
+        rc = 2;
+        goto out_workers;
+    }
+    /* -o made and tried once: a folder that cannot be written is one line
+     * before the run, not one line per image after it. */
+    if (a.out_dir) {
+        char *probe = NULL;
+        ms_status st = batch_output_path(&probe, a.out_dir, "probe", ".png");
+        if (st == MS_OK) st = batch_make_parent_dirs(probe);
+        if (st == MS_OK) st = fio_check_writable(probe);
+        free(probe);
+        if (st != MS_OK) {
+            cli_error("segment: -o %s: %s", a.out_dir, ms_last_error());
+            rc = 2;
+            goto out_workers;
+        }
+    }
     const ms_config *cfg = engine_config(workers[0].e);
-    if (a.heatmaps && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
-                          MS_ATTN_MITA) {
+    if ((a.heatmaps || a.stats) && (a.eng.run.attention >= 0 ? a.eng.run.attention : (int)cfg->attn.type) !=
+                                       MS_ATTN_MITA) {
+        if (a.stats) {
+            cli_error("segment: --stats describes MiTA against full attention, but this run uses full "
+                      "attention (add --attention mita)");
+            rc = 2;
+            goto out_workers;
+        }
         cli_error("segment: --heatmaps draws MiTA expert selections, but this run uses full "
                   "attention (add --attention mita)");
         rc = 2;
@@ -892,6 +1016,8 @@ int cmd_segment(int argc, char **argv)
     r.a = &a;
     r.plan = &plan;
     r.cfg = cfg;
+    r.e0 = workers[0].e;
+    r.run_opt = segment_run_options(&a);
     r.total = plan.n_todo;
     r.tty = isatty(STDERR_FILENO);
     r.total += enum_failed;
@@ -921,7 +1047,15 @@ int cmd_segment(int argc, char **argv)
     /* Without the font the strip is drawn without labels. */
     if (a.heatmaps && viz_font_open(&r.font, viz_font_path(), 14) != MS_OK) r.font = NULL;
 #endif
-    install_signals();
+    /* --skip-existing resumes a run: the lines of the images done stay */
+    if (a.stats && text_out_open(&r.stats_out, a.stats, a.skip_existing) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        queue_free(&r.read_q);
+        queue_free(&r.write_q);
+        rc = 1;
+        goto out_workers;
+    }
+    cli_interrupt_graceful();
     r.t0 = cli_now_s();
     pthread_t reader, writer;
     bool have_reader = pthread_create(&reader, NULL, reader_main, &r) == 0;
@@ -943,13 +1077,19 @@ int cmd_segment(int argc, char **argv)
     if (have_writer) pthread_join(writer, NULL);
     /* Dropped after the signal, or never read by the reader. */
     int not_started = plan.n_todo - (r.done + r.failed - enum_failed + r.skipped);
+    if (r.unread) { /* never silently: each counts as failed */
+        clear_bar(&r);
+        cli_error("out of memory: %d image%s not read", r.unread, r.unread == 1 ? "" : "s");
+        r.failed += r.unread;
+        not_started -= r.unread;
+    }
     show_progress(&r, true);
     double el = cli_now_s() - r.t0; /* the pipeline's time: throughput, not model loading */
-    if (!a.quiet || g_stop) {
+    if (!a.quiet || STOPPING()) {
         clear_bar(&r);
-        fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", g_stop ? "interrupted: " : "",
+        fprintf(stderr, "%ssegmented %d image%s, %d failed, %d skipped", STOPPING() ? "interrupted: " : "",
                 r.done, r.done == 1 ? "" : "s", r.failed, r.skipped);
-        if (g_stop) fprintf(stderr, ", %d not started", not_started);
+        if (STOPPING()) fprintf(stderr, ", %d not started", not_started);
         fprintf(stderr, " in %.1f s (%.1f images/s)\n", el, el > 0 ? r.done / el : 0.0);
     }
     queue_free(&r.read_q);
@@ -957,12 +1097,19 @@ int cmd_segment(int argc, char **argv)
 #ifdef MS_HAVE_VIEWER
     if (r.font) viz_font_free(r.font);
 #endif
-    rc = !have_writer || started == 0 ? 1 : g_stop ? 130 : r.failed ? 1 : 0;
+    rc = !have_writer || started == 0 ? 1 : cli_interrupted ? cli_interrupt_status() : r.failed ? 1 : 0;
+    /* the lines of the images done, interrupted or not */
+    if (a.stats && text_out_close(&r.stats_out, true) != MS_OK) {
+        cli_error("%s", ms_last_error());
+        rc = 1;
+    }
 out_workers:
     for (int i = 0; i < n_workers; i++) {
         if (workers[i].res)
             for (int b = 0; b < a.batch; b++) result_free(&workers[i].res[b]);
         free(workers[i].res);
+        result_free(&workers[i].full);
+        stats_free(&workers[i].stats);
         engine_free(workers[i].e);
     }
     free(workers);

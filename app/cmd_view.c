@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 #ifndef MS_HAVE_VIEWER
 int cmd_view(int argc, char **argv)
@@ -22,31 +23,42 @@ int cmd_view(int argc, char **argv)
 #else
 #include <SDL.h>
 
+#include "batch.h"
+#include "stats.h"
+#include "viz/plot.h"
 #include "viz/render.h"
 
 static const char view_usage[] =
-    "usage: mitaseg view [IMAGE] [--size WxH] [engine options]\n"
+    "usage: mitaseg view [IMAGE|DIR ...] [--list FILE] [--size WxH] [engine options]\n"
     "\n"
     "Opens the viewer: the segmentation and every layer's expert selections.\n"
-    "Without IMAGE it opens on a screen to drop an image on. Press H in the\n"
-    "window for the keys.\n"
+    "Several images, folders (their PNG and JPEG files) or --list: PageDown /\n"
+    "PageUp (Space / Backspace) move through them. Without any it opens on a\n"
+    "screen to drop an image or a folder on. Press H in the window for the keys.\n"
     "\n"
     "options:\n"
+    "  --list FILE       images to open, one path a line (relative to FILE's folder)\n"
     "  --size WxH        initial window size (default 1280x800)\n"
     "\n"
     "environment: MITASEG_VIEW_LOG=1 prints what the window does, and\n"
     "MITASEG_VIEW_TEST_DROP=FILE drops FILE on the window at start (for tests).\n";
 
-typedef enum { JOB_NONE = 0, JOB_MAIN, JOB_FULL } job_kind;
+typedef enum { JOB_NONE = 0, JOB_MAIN, JOB_FULL, JOB_SWEEP, JOB_PREFETCH } job_kind;
 
-/* One model run on the worker thread. The main thread leaves eng, img and
- * out alone until the done event arrives. */
+/* One model run on the worker thread. The main thread leaves eng, img, out
+ * and what the job points to alone until the done event arrives. */
 typedef struct {
     job_kind kind;
     ms_engine *eng;
     const ms_image *img;
     ms_result *out;
     ms_run_options opt;
+    /* JOB_PREFETCH: decode this file into pre_img first */
+    const char *decode_path;
+    ms_image *decode_into;
+    /* JOB_SWEEP: one budget, compared with full_mask */
+    ms_sweep_point *point;
+    const uint8_t *full_mask;
     ms_status status;
     char error[512];
     Uint32 done_event;
@@ -61,15 +73,34 @@ typedef struct {
     bool have_img;
     char path[PATH_MAX];
     ms_result res, work, full;  /* shown, being computed, full-attention reference */
-    bool have_res;
-    uint8_t *full_mask;         /* (h, w) full attention's mask for this image; NULL: not yet */
+    ms_result full_work, scratch;
+    bool have_res, have_full;   /* have_full: full holds this image's full-attention run */
     ms_run_options run;         /* current budget; record always on */
+    ms_stats stats;             /* of res (and full); depth 0: none */
+    int64_t class_pixels[MS_MAX_CLASSES]; /* of res's mask */
+    ms_sweep_point sweep[MS_SWEEP_MAX];
+    int n_sweep, sweep_next;    /* sweep_next: the next point to run; n_sweep: planned */
+    bool want_sweep;
+    /* the images to move through */
+    ms_batch_list list;
+    int cur;                    /* index in list; -1: an image outside it */
+    /* the next image, decoded and run ahead */
+    ms_image pre_img;
+    ms_result pre_res;
+    char pre_path[PATH_MAX];
+    ms_run_options pre_opt;
+    bool pre_ready, want_pre;
+    /* mouse: a drag pans, a press and release without moving clicks */
+    bool pressed, dragging;
+    int press_x, press_y, last_x, last_y;
     /* worker */
     SDL_Thread *thread;
     job jb;
     bool busy;
     bool want_main, want_full;
-    char pending_path[PATH_MAX]; /* dropped while busy */
+    char pending_path[PATH_MAX]; /* dropped or stepped to while busy */
+    int pending_index;          /* its list index; -1: outside the list */
+    bool keep_view;             /* an image was shown: the next keeps layer, expert */
     /* window */
     SDL_Window *win;
     SDL_Renderer *ren;
@@ -90,8 +121,10 @@ static void vlog(const viewer *v, const char *fmt, ...)
     if (!v->log) return;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stdout, fmt, ap);
+    char line[PATH_MAX * 2 + 64];
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    cli_fputs_escaped(line, stdout); /* paths: one line each, whatever their bytes */
     fputc('\n', stdout);
     fflush(stdout);
 }
@@ -114,7 +147,17 @@ static const char *base_name(const char *p)
 static int worker_main(void *arg)
 {
     job *j = arg;
-    j->status = engine_run(j->eng, j->out, j->img, &j->opt);
+    j->status = MS_OK;
+    if (j->decode_path) {
+        image_free(j->decode_into);
+        j->status = image_read(j->decode_into, j->decode_path);
+    }
+    if (j->status == MS_OK) {
+        if (j->kind == JOB_SWEEP)
+            j->status = stats_run_sweep_point(j->point, j->eng, j->out, j->img, j->full_mask);
+        else
+            j->status = engine_run(j->eng, j->out, j->img, &j->opt);
+    }
     if (j->status != MS_OK) snprintf(j->error, sizeof j->error, "%s", ms_last_error());
     SDL_Event ev;
     memset(&ev, 0, sizeof ev);
@@ -123,37 +166,86 @@ static int worker_main(void *arg)
     return 0;
 }
 
+/* The run options of the main run at the current budget. */
+static ms_run_options main_options(const viewer *v)
+{
+    ms_run_options o = v->run;
+    o.record = true;
+    o.keep_blocks = true;
+    return o;
+}
+
+static bool same_options(const ms_run_options *a, const ms_run_options *b)
+{
+    return a->attention == b->attention && a->gh == b->gh && a->gw == b->gw && a->topk == b->topk;
+}
+
+/* Index of the image after the current one in the list; -1: none. */
+static int next_index(const viewer *v)
+{
+    if (v->list.n < 2 || v->cur < 0) return -1;
+    return (v->cur + 1) % v->list.n;
+}
+
 /* Starts the next wanted run when the worker is free: the main run first
- * (what the user asked for), then the full-attention reference. */
+ * (what the user asked for), then the full-attention reference, the budget
+ * sweep's next point, and last the next image ahead. */
 static void start_next(viewer *v)
 {
     if (v->busy || !v->have_img) return;
-    job_kind k = v->want_main ? JOB_MAIN : v->want_full ? JOB_FULL : JOB_NONE;
+    bool sweep_ok = v->want_sweep && v->have_full && v->have_res && v->sweep_next < v->n_sweep;
+    job_kind k = v->want_main ? JOB_MAIN : v->want_full ? JOB_FULL : sweep_ok ? JOB_SWEEP
+                 : v->want_pre && next_index(v) >= 0 ? JOB_PREFETCH : JOB_NONE;
     if (k == JOB_NONE) return;
-    v->jb.kind = k;
-    v->jb.eng = v->eng;
-    v->jb.img = &v->img;
-    v->jb.status = MS_OK;
-    v->jb.error[0] = '\0';
+    job *j = &v->jb;
+    j->kind = k;
+    j->eng = v->eng;
+    j->img = &v->img;
+    j->status = MS_OK;
+    j->error[0] = '\0';
+    j->decode_path = NULL;
+    j->decode_into = NULL;
     if (k == JOB_MAIN) {
         v->want_main = false;
-        v->jb.out = &v->work;
-        v->jb.opt = v->run;
-        v->jb.opt.record = true;
-    } else {
+        j->out = &v->work;
+        j->opt = main_options(v);
+    } else if (k == JOB_FULL) {
         v->want_full = false;
-        v->jb.out = &v->full;
-        memset(&v->jb.opt, 0, sizeof v->jb.opt);
-        v->jb.opt.attention = MS_ATTN_FULL;
-        v->jb.opt.tta_flip = v->run.tta_flip; /* compare like with like */
-        v->jb.opt.record = false;
+        j->out = &v->full_work;
+        memset(&j->opt, 0, sizeof j->opt);
+        j->opt.attention = MS_ATTN_FULL;
+        j->opt.keep_blocks = true;
+        j->opt.tta_flip = v->run.tta_flip; /* compare like with like */
+    } else if (k == JOB_SWEEP) {
+        j->point = &v->sweep[v->sweep_next];
+        j->full_mask = v->full.mask;
+        j->out = &v->scratch;
+    } else {
+        v->want_pre = false;
+        v->pre_ready = false;
+        snprintf(v->pre_path, sizeof v->pre_path, "%s", v->list.items[next_index(v)].path);
+        v->pre_opt = main_options(v);
+        j->decode_path = v->pre_path;
+        j->decode_into = &v->pre_img;
+        j->img = &v->pre_img;
+        j->out = &v->pre_res;
+        j->opt = v->pre_opt;
     }
-    v->thread = SDL_CreateThread(worker_main, "mitaseg-run", &v->jb);
+    v->thread = SDL_CreateThread(worker_main, "mitaseg-run", j);
     if (!v->thread) {
         set_status(v, "cannot start the worker thread: %s", SDL_GetError());
         return;
     }
     v->busy = true;
+}
+
+/* "12 / 101  " when moving through several images, else "". */
+static const char *position(const viewer *v)
+{
+    static char buf[48];
+    buf[0] = '\0';
+    if (v->list.n > 1 && v->cur >= 0) snprintf(buf, sizeof buf, "%d / %d  ", v->cur + 1, v->list.n);
+    return buf;
 }
 
 static void update_info(viewer *v)
@@ -166,15 +258,26 @@ static void update_info(viewer *v)
     char cmp[160];
     if (r->attention == MS_ATTN_FULL) {
         snprintf(cmp, sizeof cmp, "full attention run (F: MiTA)");
-    } else if (!v->full_mask) {
+    } else if (!v->have_full) {
         snprintf(cmp, sizeof cmp, "vs full attention: computing...");
     } else {
         size_t n = (size_t)r->h * r->w, changed = 0;
-        for (size_t i = 0; i < n; i++) changed += v->full_mask[i] != r->mask[i];
-        snprintf(cmp, sizeof cmp, "vs full attention: %.2f%% px changed\n(%zu of %zu pixels)",
+        for (size_t i = 0; i < n; i++) changed += v->full.mask[i] != r->mask[i];
+        snprintf(cmp, sizeof cmp, "vs full attention: %.2f%% px changed\n(%zu of %zu pixels; 7: where)",
                  100.0 * (double)changed / (double)n, changed, n);
     }
     snprintf(v->info, sizeof v->info, "last run: %.0f ms on %s\n%s", r->ms_total, r->device_name, cmp);
+}
+
+/* Statistics of the shown run against the full run when there is one. */
+static void update_stats(viewer *v)
+{
+    stats_free(&v->stats);
+    if (!v->have_res || v->res.attention != MS_ATTN_MITA) return;
+    if (stats_compute(&v->stats, &v->res, v->have_full ? &v->full : NULL) != MS_OK) {
+        set_status(v, "statistics: %s", ms_last_error());
+        stats_free(&v->stats);
+    }
 }
 
 /* Keeps the selections valid for the current result. */
@@ -184,17 +287,48 @@ static void clamp_state(viewer *v)
     const ms_result *r = &v->res;
     if (!v->have_res) return;
     if (r->depth > 0) {
-        if (v->first_result) {
+        if (v->first_result && !v->keep_view) {
             st->layer = r->depth - 1;
             while (st->layer > 0 && r->layer_mita && !r->layer_mita[st->layer]) st->layer--;
         }
         if (st->layer >= r->depth) st->layer = r->depth - 1;
         if (st->layer < 0) st->layer = 0;
         if (st->head >= r->heads) st->head = -1;
-        if (st->expert >= r->m || v->first_result) st->expert = (r->gh / 2) * r->gw + r->gw / 2;
+        if (st->expert >= r->m || (v->first_result && !v->keep_view)) st->expert = (r->gh / 2) * r->gw + r->gw / 2;
     }
     if (st->query_x >= r->w || st->query_y >= r->h) st->query_x = st->query_y = -1;
     v->first_result = false;
+}
+
+/* Plans the budget sweep around the shown run's budget. */
+static void sweep_plan(viewer *v)
+{
+    const ms_result *r = &v->res;
+    v->n_sweep = stats_sweep_plan(v->sweep, r->gh, r->gw, r->k, r->hp, r->wp, r->n);
+    for (int i = 0; i < v->n_sweep; i++) v->sweep[i].tta_flip = r->tta_flip;
+    v->sweep_next = 0;
+}
+
+/* The main run of the current image is in v->res: status, full run, stats. */
+static void main_ready(viewer *v)
+{
+    v->have_res = true;
+    memset(v->class_pixels, 0, sizeof v->class_pixels);
+    for (size_t i = 0; i < (size_t)v->res.h * v->res.w; i++) v->class_pixels[v->res.mask[i]]++;
+    clamp_state(v);
+    set_status(v, "%s%s: %dx%d, %s %dx%d k %d%s, %.0f ms", position(v), base_name(v->path), v->res.w,
+               v->res.h, v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw,
+               v->res.k, v->res.tta_flip ? ", flip TTA" : "", v->res.ms_total);
+    if (!v->have_full && v->res.attention != MS_ATTN_FULL) v->want_full = true;
+    /* the sweep belongs to one budget and image */
+    v->n_sweep = v->sweep_next = 0;
+    if (v->want_sweep && v->res.attention == MS_ATTN_MITA) sweep_plan(v);
+    else v->want_sweep = false;
+    update_stats(v);
+    /* run the next image ahead (again, when the budget changed since) */
+    ms_run_options now = main_options(v);
+    v->want_pre = next_index(v) >= 0 && !(v->pre_ready && same_options(&v->pre_opt, &now));
+    vlog(v, "ready %.0f ms layers %d%s", v->res.ms_total, v->res.depth, v->res.tta_flip ? " tta flip" : "");
 }
 
 static void on_job_done(viewer *v)
@@ -204,62 +338,199 @@ static void on_job_done(viewer *v)
     v->busy = false;
     job *j = &v->jb;
     if (j->status != MS_OK) {
-        set_status(v, "%s: %s", base_name(v->path), j->error);
-        vlog(v, "error %s", j->error);
+        if (j->kind == JOB_PREFETCH) {
+            /* said when the user gets there */
+            v->pre_ready = false;
+            vlog(v, "prefetch error %s", j->error);
+        } else {
+            set_status(v, "%s: %s", base_name(v->path), j->error);
+            vlog(v, "error %s", j->error);
+        }
+        if (j->kind == JOB_SWEEP) v->want_sweep = false;
     } else if (j->kind == JOB_MAIN) {
         ms_result t = v->res;
         v->res = v->work;
         v->work = t;
-        v->have_res = true;
-        clamp_state(v);
-        set_status(v, "%s: %dx%d, %s %dx%d k %d%s, %.0f ms", base_name(v->path), v->res.w, v->res.h,
-                   v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw,
-                   v->res.k, v->res.tta_flip ? ", flip TTA" : "", v->res.ms_total);
-        if (!v->full_mask && v->res.attention != MS_ATTN_FULL) v->want_full = true;
-        vlog(v, "ready %.0f ms layers %d%s", v->res.ms_total, v->res.depth,
-             v->res.tta_flip ? " tta flip" : "");
+        main_ready(v);
     } else if (j->kind == JOB_FULL) {
-        size_t n = (size_t)v->full.h * v->full.w;
-        free(v->full_mask);
-        v->full_mask = malloc(n);
-        if (v->full_mask) memcpy(v->full_mask, v->full.mask, n);
+        ms_result t = v->full;
+        v->full = v->full_work;
+        v->full_work = t;
+        v->have_full = true;
+        update_stats(v);
         vlog(v, "full ready");
+    } else if (j->kind == JOB_SWEEP) {
+        v->sweep_next++;
+        if (v->sweep_next >= v->n_sweep) {
+            v->want_sweep = false;
+            set_status(v, "%sbudget sweep done: %d runs", position(v), v->n_sweep);
+            vlog(v, "sweep done %d", v->n_sweep);
+        }
+    } else if (j->kind == JOB_PREFETCH) {
+        v->pre_ready = true;
+        vlog(v, "prefetched %s", v->pre_path);
     }
     update_info(v);
 }
 
-static bool load_image(viewer *v, const char *path)
+/* Makes path the current image (list index idx, -1 outside the list). The
+ * view, layer, head, expert and budget stay. */
+static bool load_image(viewer *v, const char *path, int idx)
 {
-    ms_image img = {0};
-    if (image_read(&img, path) != MS_OK) {
-        set_status(v, "%s", ms_last_error());
-        vlog(v, "error %s", ms_last_error());
-        return false;
+    bool pre = v->pre_ready && !strcmp(v->pre_path, path);
+    ms_run_options now = main_options(v);
+    if (pre) {
+        image_free(&v->img);
+        v->img = v->pre_img;
+        memset(&v->pre_img, 0, sizeof v->pre_img);
+    } else {
+        ms_image img = {0};
+        if (cli_read_image(&img, path, v->eng, &now, 0) != MS_OK) {
+            /* the shown image stays; the position moves on, so the next
+             * PageDown gets past an unreadable file */
+            if (idx >= 0 && v->list.n > 1) {
+                v->cur = idx;
+                set_status(v, "%d / %d  %s", idx + 1, v->list.n, ms_last_error());
+            } else {
+                set_status(v, "%s", ms_last_error());
+            }
+            vlog(v, "error %s", ms_last_error());
+            return false;
+        }
+        image_free(&v->img);
+        v->img = img;
     }
-    image_free(&v->img);
-    v->img = img;
     v->have_img = true;
+    v->cur = idx;
     snprintf(v->path, sizeof v->path, "%s", path);
+    v->keep_view = v->have_res || v->keep_view;
     v->have_res = false;
-    free(v->full_mask);
-    v->full_mask = NULL;
+    v->have_full = false;
+    stats_free(&v->stats);
+    v->n_sweep = v->sweep_next = 0;
+    v->want_sweep = false;
     v->first_result = true;
     v->st.query_x = v->st.query_y = -1;
-    v->want_main = true;
+    viz_zoom_fit(&v->st);
     v->want_full = false;
+    v->want_pre = false;
     char title[PATH_MAX + 16];
     snprintf(title, sizeof title, "mitaseg - %s", base_name(path));
     SDL_SetWindowTitle(v->win, title);
-    set_status(v, "%s: running the model...", base_name(path));
+    vlog(v, "image %d %d %s", idx + 1, v->list.n, path);
+    if (pre && same_options(&v->pre_opt, &now)) {
+        /* run ahead with this budget: no wait */
+        ms_result t = v->res;
+        v->res = v->pre_res;
+        v->pre_res = t;
+        v->pre_ready = false;
+        v->want_main = false;
+        main_ready(v);
+    } else {
+        v->pre_ready = false;
+        v->want_main = true;
+        set_status(v, "%s%s: running the model...", position(v), base_name(path));
+    }
     update_info(v);
     start_next(v);
     return true;
 }
 
+/* True for the names S writes: NAME.mask.png and NAME.view-VIEW-L<n>.png. */
+static bool is_saved_output(const char *path)
+{
+    const char *b = base_name(path), *v = strstr(b, ".view-");
+    size_t n = strlen(b);
+    if (n > 9 && !strcmp(b + n - 9, ".mask.png")) return true;
+    if (!v || n < 4 || strcmp(b + n - 4, ".png")) return false;
+    const char *l = strrchr(b, '-'); /* "-L<digits>.png" */
+    if (!l || l < v || l[1] != 'L' || !(l[2] >= '0' && l[2] <= '9')) return false;
+    for (const char *c = l + 2; c < b + n - 4; c++)
+        if (*c < '0' || *c > '9') return false;
+    return true;
+}
+
+/* Leaves out of folder listings what S saved there (a view of a saved
+ * mask is no use); files named explicitly stay. */
+static void drop_saved_outputs(ms_batch_list *l, char *const *named, int n_named)
+{
+    int k = 0;
+    for (int i = 0; i < l->n; i++) {
+        bool explicit_file = false;
+        for (int j = 0; j < n_named; j++) explicit_file |= !strcmp(named[j], l->items[i].path);
+        if (!explicit_file && is_saved_output(l->items[i].path)) {
+            free(l->items[i].path);
+            free(l->items[i].rel);
+            continue;
+        }
+        l->items[k++] = l->items[i];
+    }
+    l->n = k;
+}
+
+/* Opens a dropped or given folder, list or file as the image list. */
+static bool open_list(viewer *v, char *const *paths, int n, const char *list_file)
+{
+    ms_batch_list l;
+    batch_list_init(&l);
+    ms_status st = MS_OK;
+    for (int i = 0; i < n && st == MS_OK; i++) st = batch_add_path(&l, paths[i], false);
+    if (st == MS_OK && list_file) st = batch_add_list_file(&l, list_file, false);
+    if (st == MS_OK) drop_saved_outputs(&l, paths, n);
+    if (st != MS_OK) {
+        set_status(v, "%s", ms_last_error());
+        vlog(v, "error %s", ms_last_error());
+        batch_list_free(&l);
+        return false;
+    }
+    batch_sort_unique(&l);
+    if (l.n == 0) {
+        set_status(v, "%s: no PNG or JPEG images there", n ? paths[0] : list_file);
+        vlog(v, "error no images");
+        batch_list_free(&l);
+        return false;
+    }
+    batch_list_free(&v->list);
+    v->list = l;
+    v->pre_ready = false;
+    return load_image(v, v->list.items[0].path, 0);
+}
+
+/* Moves by d images through the list (wrapping around). */
+static void step_image(viewer *v, int d)
+{
+    if (v->list.n < 2) {
+        set_status(v, "one image open: give a folder or several images to move through them");
+        return;
+    }
+    int i = ((v->cur < 0 ? 0 : v->cur) + d % v->list.n + v->list.n) % v->list.n;
+    if (v->busy) {
+        /* opens when the current run ends; a prefetch of this image finishes first */
+        snprintf(v->pending_path, sizeof v->pending_path, "%s", v->list.items[i].path);
+        v->pending_index = i;
+        set_status(v, "%d / %d  %s: opens when the current run ends", i + 1, v->list.n,
+                   base_name(v->list.items[i].path));
+        return;
+    }
+    load_image(v, v->list.items[i].path, i);
+}
+
+/* Opens a pending or dropped path: index >= 0 a list entry, -2 a dropped
+ * file or folder, which becomes the list. */
+static void open_path(viewer *v, const char *path, int index)
+{
+    if (index == -2) {
+        char *p = (char *)path;
+        open_list(v, &p, 1, NULL);
+    } else {
+        load_image(v, path, index == -2 ? -1 : index);
+    }
+}
+
 /* ---- saving ------------------------------------------------------------ */
 
 /* False when the paths would not fit. */
-static bool save_paths(char *view_path, char *mask_path, size_t n, const viewer *v)
+static bool save_paths(char *view_path, char *mask_path, char *stats_path, size_t n, const viewer *v)
 {
     char dir[PATH_MAX], stem[PATH_MAX];
     const char *slash = strrchr(v->path, '/');
@@ -273,14 +544,8 @@ static bool save_paths(char *view_path, char *mask_path, size_t n, const viewer 
     if (access(dir, W_OK) != 0) snprintf(dir, sizeof dir, ".");
     int a = snprintf(view_path, n, "%s/%s.view-%s-L%d.png", dir, stem, viz_view_name(v->st.view), v->st.layer);
     int b = snprintf(mask_path, n, "%s/%s.mask.png", dir, stem);
-    return a > 0 && b > 0 && (size_t)a < n && (size_t)b < n;
-}
-
-static bool same_file(const char *a, const char *b)
-{
-    char ra[PATH_MAX], rb[PATH_MAX];
-    if (!realpath(a, ra) || !realpath(b, rb)) return false;
-    return !strcmp(ra, rb);
+    int c = snprintf(stats_path, n, "%s/%s.stats.json", dir, stem);
+    return a > 0 && b > 0 && c > 0 && (size_t)a < n && (size_t)b < n && (size_t)c < n;
 }
 
 static void save_view(viewer *v)
@@ -289,14 +554,16 @@ static void save_view(viewer *v)
         set_status(v, "nothing to save yet");
         return;
     }
-    char vp[PATH_MAX], mp[PATH_MAX];
-    if (!save_paths(vp, mp, sizeof vp, v)) {
+    char vp[PATH_MAX], mp[PATH_MAX], sp[PATH_MAX];
+    if (!save_paths(vp, mp, sp, sizeof vp, v)) {
         set_status(v, "not saving: the output path is too long");
         return;
     }
-    /* the names always add a suffix, but never risk the input */
-    if (same_file(vp, v->path) || same_file(mp, v->path)) {
-        set_status(v, "not saving: %s would overwrite the input", vp);
+    /* The names always add a suffix, but a file viewed (or the model) could
+     * carry one: all are checked against every input before any is written. */
+    if (fio_check_output(vp) != MS_OK || fio_check_output(mp) != MS_OK || fio_check_output(sp) != MS_OK) {
+        set_status(v, "not saving: %s", ms_last_error());
+        vlog(v, "error %s", ms_last_error());
         return;
     }
     int W = v->tw, H = v->th;
@@ -325,7 +592,23 @@ static void save_view(viewer *v)
         vlog(v, "error %s", ms_last_error());
         return;
     }
-    set_status(v, "saved %s and %s", vp, mp);
+    /* the numbers behind the chart views (a MiTA run only) */
+    char *json = NULL;
+    if (v->stats.depth > 0) {
+        if (stats_to_json(&json, &v->stats, &v->res, base_name(v->path), v->cfg->class_names, v->sweep,
+                          v->sweep_next, true) != MS_OK ||
+            stats_write_text(sp, json) != MS_OK) {
+            free(json);
+            set_status(v, "%s", ms_last_error());
+            vlog(v, "error %s", ms_last_error());
+            return;
+        }
+        free(json);
+        set_status(v, "saved %s, %s and %s", vp, mp, sp);
+        vlog(v, "saved-stats %s", sp);
+    } else {
+        set_status(v, "saved %s and %s", vp, mp);
+    }
     vlog(v, "saved %s %s", vp, mp);
 }
 
@@ -358,7 +641,7 @@ static void budget_change(viewer *v, int dgrid, int kmul, bool kdiv, bool toggle
         if (v->run.attention == MS_ATTN_FULL) v->run.attention = MS_ATTN_MITA;
     } else {
         int nk = kdiv ? k / 2 : k * kmul;
-        int n = v->have_res ? r->n : INT_MAX;
+        int n = v->have_res ? r->n + r->ncls : INT_MAX; /* k clamps to the keys, class token included */
         if (nk < 1 || nk > n || nk == k) {
             set_status(v, "top-k stays %d (1 .. %d)", k, n);
             return;
@@ -374,10 +657,23 @@ static void budget_change(viewer *v, int dgrid, int kmul, bool kdiv, bool toggle
     start_next(v);
 }
 
+static void sync_state(viewer *v);
+
+/* Zooms by z about window pixel (x, y) (the middle when off the image). */
+static void zoom_by(viewer *v, float z, int x, int y)
+{
+    sync_state(v);
+    viz_layout lay;
+    viz_layout_compute(&lay, v->tw, v->th, &v->st);
+    viz_zoom_at(&v->st, &lay, z, x, y);
+    vlog(v, "zoom %.2f", (double)v->st.zoom);
+}
+
 static void on_key(viewer *v, const SDL_KeyboardEvent *ke, bool *quit)
 {
     SDL_Keycode k = ke->keysym.sym;
     bool shift = (ke->keysym.mod & KMOD_SHIFT) != 0;
+    bool ctrl = (ke->keysym.mod & (KMOD_CTRL | KMOD_GUI)) != 0;
     viz_state *st = &v->st;
     const ms_result *r = v->have_res ? &v->res : NULL;
     switch (k) {
@@ -393,19 +689,53 @@ static void on_key(viewer *v, const SDL_KeyboardEvent *ke, bool *quit)
     case SDLK_SLASH:
         if (shift) st->help = !st->help;
         return;
-    case SDLK_1: case SDLK_2: case SDLK_3: case SDLK_4: case SDLK_5: case SDLK_6:
+    case SDLK_1: case SDLK_2: case SDLK_3: case SDLK_4: case SDLK_5: case SDLK_6: case SDLK_7: case SDLK_8:
         st->view = (viz_view)(k - SDLK_1);
+        vlog(v, "view %s", viz_view_name(st->view));
         return;
     case SDLK_KP_1: case SDLK_KP_2: case SDLK_KP_3: case SDLK_KP_4: case SDLK_KP_5: case SDLK_KP_6:
+    case SDLK_KP_7: case SDLK_KP_8:
         st->view = (viz_view)(k - SDLK_KP_1);
+        vlog(v, "view %s", viz_view_name(st->view));
+        return;
+    case SDLK_9:
+    case SDLK_KP_9:
+        /* the sweep view; pressed there (or with no sweep yet), (re)runs it */
+        if (st->view == VIZ_SWEEP || v->n_sweep == 0) {
+            if (!r || r->attention != MS_ATTN_MITA) {
+                set_status(v, "the budget sweep needs a MiTA run (F: MiTA)");
+            } else if (!v->want_sweep) {
+                v->want_sweep = true;
+                sweep_plan(v);
+                set_status(v, "%sbudget sweep: %d runs in the background%s", position(v), v->n_sweep,
+                           v->have_full ? "" : " after the full-attention run");
+                start_next(v);
+            }
+        }
+        st->view = VIZ_SWEEP;
+        vlog(v, "view %s", viz_view_name(st->view));
+        return;
+    case SDLK_x:
+        st->diff_split = !st->diff_split;
+        return;
+    case SDLK_0:
+    case SDLK_KP_0:
+        viz_zoom_fit(st);
+        vlog(v, "zoom %.2f", (double)st->zoom);
+        return;
+    case SDLK_PAGEDOWN:
+    case SDLK_SPACE:
+        step_image(v, 1);
+        return;
+    case SDLK_PAGEUP:
+    case SDLK_BACKSPACE:
+        step_image(v, -1);
         return;
     case SDLK_UP:
-    case SDLK_PAGEUP:
         if (r && st->layer + 1 < r->depth) st->layer++;
         vlog(v, "layer %d", st->layer);
         return;
     case SDLK_DOWN:
-    case SDLK_PAGEDOWN:
         if (st->layer > 0) st->layer--;
         vlog(v, "layer %d", st->layer);
         return;
@@ -424,11 +754,19 @@ static void on_key(viewer *v, const SDL_KeyboardEvent *ke, bool *quit)
     case SDLK_PLUS:
     case SDLK_EQUALS:
     case SDLK_KP_PLUS:
+        if (ctrl) {
+            zoom_by(v, 1.25f, st->mouse_x, st->mouse_y);
+            return;
+        }
         st->opacity = st->opacity + 0.1f > 1.f ? 1.f : st->opacity + 0.1f;
         set_status(v, "opacity %.0f%%", 100.0 * st->opacity);
         return;
     case SDLK_MINUS:
     case SDLK_KP_MINUS:
+        if (ctrl) {
+            zoom_by(v, 0.8f, st->mouse_x, st->mouse_y);
+            return;
+        }
         st->opacity = st->opacity - 0.1f < 0.f ? 0.f : st->opacity - 0.1f;
         set_status(v, "opacity %.0f%%", 100.0 * st->opacity);
         return;
@@ -457,8 +795,6 @@ static void on_key(viewer *v, const SDL_KeyboardEvent *ke, bool *quit)
         return;
     }
 }
-
-static void sync_state(viewer *v);
 
 static void on_click(viewer *v, int x, int y)
 {
@@ -502,6 +838,11 @@ static void log_layout(viewer *v)
              lay.legend[i].y + lay.legend[i].h / 2);
     for (int l = 0; l < lay.n_tiles; l++)
         vlog(v, "layout tile %d %d %d", l, lay.tile[l].x + lay.tile[l].w / 2, lay.tile[l].y + lay.tile[l].h / 2);
+    /* chart points of layer l: "layout chart I L X Y" */
+    for (int i = 0; i < lay.n_charts; i++)
+        for (int l = 0; l < v->res.depth; l++)
+            vlog(v, "layout chart %d %d %d %d", i, l, viz_chart_x(lay.chart[i], v->res.depth, l),
+                 lay.chart[i].y + lay.chart[i].h / 2);
     vlog(v, "layout image %d %d %d %d", lay.image.x, lay.image.y, lay.image.w, lay.image.h);
 }
 
@@ -543,6 +884,11 @@ static void sync_state(viewer *v)
     st->busy = v->busy;
     st->status = v->status;
     st->info = v->info;
+    st->full = v->have_full ? &v->full : NULL;
+    st->stats = v->stats.depth > 0 ? &v->stats : NULL;
+    st->class_pixels = v->have_res ? v->class_pixels : NULL;
+    st->sweep = v->sweep;
+    st->n_sweep = v->n_sweep;
 }
 
 static void redraw(viewer *v)
@@ -563,7 +909,12 @@ static void viewer_free(viewer *v)
     result_free(&v->res);
     result_free(&v->work);
     result_free(&v->full);
-    free(v->full_mask);
+    result_free(&v->full_work);
+    result_free(&v->scratch);
+    result_free(&v->pre_res);
+    image_free(&v->pre_img);
+    stats_free(&v->stats);
+    batch_list_free(&v->list);
     image_free(&v->img);
     free(v->px);
     viz_font_free(v->font);
@@ -580,7 +931,13 @@ int cmd_view(int argc, char **argv)
     viewer *v = &vw;
     memset(v, 0, sizeof *v);
     cli_engine_args_init(&v->args);
-    const char *image = NULL;
+    char **images = calloc((size_t)argc + 1, sizeof *images);
+    int n_images = 0;
+    const char *list_file = NULL;
+    if (!images) {
+        cli_error("out of memory");
+        return 1;
+    }
     int W = 1280, H = 800;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -590,13 +947,24 @@ int cmd_view(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(view_usage, stdout);
             fputs(cli_engine_help, stdout);
+            free(images);
             return 0;
+        }
+        if (!strcmp(a, "--list")) {
+            if (i + 1 >= argc) {
+                cli_error("--list needs a file");
+                free(images);
+                return 2;
+            }
+            list_file = argv[++i];
+            continue;
         }
         if (!strcmp(a, "--size")) {
             int n = 0;
             if (i + 1 >= argc || sscanf(argv[i + 1], "%dx%d%n", &W, &H, &n) != 2 || argv[i + 1][n] || W < 200 ||
                 H < 150 || W > 16384 || H > 16384) {
                 cli_error("--size: expected WxH, at least 200x150");
+                free(images);
                 return 2;
             }
             i++;
@@ -604,20 +972,43 @@ int cmd_view(int argc, char **argv)
         }
         if (a[0] == '-' && a[1]) {
             cli_error("view: unknown option '%s' (see mitaseg view --help)", a);
+            free(images);
             return 2;
         }
-        if (image) {
-            cli_error("view: one image at a time ('%s' and '%s'); drop others on the window", image, a);
-            return 2;
-        }
-        image = a;
+        images[n_images++] = (char *)a;
     }
     const char *lg = getenv("MITASEG_VIEW_LOG");
     v->log = lg && *lg && strcmp(lg, "0");
     v->run = v->args.run;
     v->run.record = true;
 
-    if (cli_open_engine(&v->eng, &v->args, false)) return 1;
+    batch_list_init(&v->list);
+    v->cur = -1;
+    /* the images first: a bad path or an empty folder is one line, before any window */
+    if (n_images > 0 || list_file) {
+        ms_status ls = MS_OK;
+        for (int i = 0; i < n_images && ls == MS_OK; i++) ls = batch_add_path(&v->list, images[i], false);
+        if (ls == MS_OK && list_file) ls = batch_add_list_file(&v->list, list_file, false);
+        if (ls != MS_OK) {
+            cli_error("%s", ms_last_error());
+            batch_list_free(&v->list);
+            free(images);
+            return 1;
+        }
+        drop_saved_outputs(&v->list, images, n_images);
+        batch_sort_unique(&v->list);
+        if (v->list.n == 0) {
+            cli_error("view: %s: no PNG or JPEG images there", n_images ? images[0] : list_file);
+            batch_list_free(&v->list);
+            free(images);
+            return 1;
+        }
+    }
+    free(images);
+    if (cli_open_engine(&v->eng, &v->args, false)) {
+        batch_list_free(&v->list);
+        return 1;
+    }
     v->cfg = engine_config(v->eng);
 
     if (SDL_Init(SDL_INIT_VIDEO) != 0) {
@@ -644,7 +1035,7 @@ int cmd_view(int argc, char **argv)
     }
     if (viz_font_open(&v->font, viz_font_path(), 13) != MS_OK ||
         viz_font_open(&v->font_big, viz_font_path(), 22) != MS_OK) {
-        fprintf(stderr, "mitaseg: drawing without text: %s\n", ms_last_error());
+        cli_error("drawing without text: %s", ms_last_error());
     }
     viz_state_init(&v->st);
     v->st.n_classes = v->cfg->n_classes;
@@ -652,8 +1043,8 @@ int cmd_view(int argc, char **argv)
     v->st.palette = v->cfg->palette;
     v->st.font = v->font;
     v->st.font_big = v->font_big;
-    set_status(v, "drop an image on the window (H: help)");
-    if (image) load_image(v, image);
+    set_status(v, "drop an image or a folder on the window (H: help)");
+    if (v->list.n > 0) load_image(v, v->list.items[0].path, 0);
     vlog(v, "window %u", (unsigned)SDL_GetWindowID(v->win));
     /* Tests: a file drop delivered through SDL's event queue as the window
      * system would (xdotool cannot synthesise X drag-and-drop). */
@@ -665,8 +1056,11 @@ int cmd_view(int argc, char **argv)
         if (d.drop.file && SDL_PushEvent(&d) != 1) SDL_free(d.drop.file);
     }
 
+    /* Ctrl-C or SIGTERM closes the window like Escape (SDL leaves the
+     * signals to main()'s handler, installed before SDL_Init). */
+    cli_interrupt_graceful();
     bool quit = false, dirty = true;
-    while (!quit) {
+    while (!quit && !cli_interrupted) {
         if (dirty) {
             redraw(v);
             dirty = false;
@@ -687,7 +1081,7 @@ int cmd_view(int argc, char **argv)
                     char p[sizeof v->pending_path];
                     memcpy(p, v->pending_path, sizeof p);
                     v->pending_path[0] = '\0';
-                    load_image(v, p);
+                    open_path(v, p, v->pending_index);
                 } else {
                     start_next(v);
                 }
@@ -710,19 +1104,48 @@ int cmd_view(int argc, char **argv)
             }
             case SDL_MOUSEMOTION:
                 to_pixels(v, ev.motion.x, ev.motion.y, &v->st.mouse_x, &v->st.mouse_y);
+                if (v->pressed && (ev.motion.state & SDL_BUTTON_LMASK)) {
+                    int dx = v->st.mouse_x - v->last_x, dy = v->st.mouse_y - v->last_y;
+                    if (!v->dragging && abs(v->st.mouse_x - v->press_x) + abs(v->st.mouse_y - v->press_y) > 3)
+                        v->dragging = true;
+                    if (v->dragging && (dx || dy)) {
+                        sync_state(v);
+                        viz_layout lay;
+                        viz_layout_compute(&lay, v->tw, v->th, &v->st);
+                        viz_pan(&v->st, &lay, dx, dy);
+                    }
+                    v->last_x = v->st.mouse_x, v->last_y = v->st.mouse_y;
+                }
                 dirty = true;
                 break;
             case SDL_MOUSEBUTTONDOWN:
                 if (ev.button.button == SDL_BUTTON_LEFT) {
-                    int x, y;
-                    to_pixels(v, ev.button.x, ev.button.y, &x, &y);
-                    on_click(v, x, y);
+                    to_pixels(v, ev.button.x, ev.button.y, &v->press_x, &v->press_y);
+                    v->last_x = v->press_x, v->last_y = v->press_y;
+                    v->pressed = true;
+                    v->dragging = false;
+                }
+                break;
+            case SDL_MOUSEBUTTONUP:
+                /* a click is a press and release in place; a drag panned */
+                if (ev.button.button == SDL_BUTTON_LEFT && v->pressed) {
+                    v->pressed = false;
+                    if (v->dragging) {
+                        vlog(v, "panned to %.1f %.1f", v->st.center_x, v->st.center_y);
+                    } else {
+                        on_click(v, v->press_x, v->press_y);
+                    }
+                    v->dragging = false;
                     dirty = true;
                 }
                 break;
             case SDL_MOUSEWHEEL:
-                if (v->have_res && ev.wheel.y > 0 && v->st.layer + 1 < v->res.depth) v->st.layer++;
-                if (ev.wheel.y < 0 && v->st.layer > 0) v->st.layer--;
+                if (SDL_GetModState() & (KMOD_CTRL | KMOD_GUI)) {
+                    if (ev.wheel.y) zoom_by(v, ev.wheel.y > 0 ? 1.25f : 0.8f, v->st.mouse_x, v->st.mouse_y);
+                } else {
+                    if (v->have_res && ev.wheel.y > 0 && v->st.layer + 1 < v->res.depth) v->st.layer++;
+                    if (ev.wheel.y < 0 && v->st.layer > 0) v->st.layer--;
+                }
                 dirty = true;
                 break;
             case SDL_WINDOWEVENT:
@@ -737,9 +1160,10 @@ int cmd_view(int argc, char **argv)
             case SDL_DROPFILE:
                 if (v->busy) {
                     snprintf(v->pending_path, sizeof v->pending_path, "%s", ev.drop.file);
+                    v->pending_index = -2; /* a dropped path: file or folder */
                     set_status(v, "%s: opens when the current run ends", base_name(ev.drop.file));
                 } else {
-                    load_image(v, ev.drop.file);
+                    open_path(v, ev.drop.file, -2);
                 }
                 SDL_free(ev.drop.file);
                 dirty = true;
@@ -749,7 +1173,7 @@ int cmd_view(int argc, char **argv)
             }
         } while (!quit && SDL_PollEvent(&ev));
     }
-    rc = 0;
+    rc = cli_interrupted ? cli_interrupt_status() : 0;
 out:
     viewer_free(v);
     SDL_Quit();

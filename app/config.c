@@ -201,6 +201,7 @@ static ms_status parse_backbone(ms_config *c, const cJSON *root)
         }
     }
     MS_TRY(get_bool(&c->final_norm, bb, "final_norm", "backbone.final_norm", false));
+    MS_TRY(get_bool(&c->cls_token, bb, "cls_token", "backbone.cls_token", false));
 
     static const char *const attn_types[] = {"full", "mita"}; /* index == ms_attn_type */
     static const char *const scales[] = {"d", "sqrt_d"};
@@ -301,8 +302,28 @@ static ms_status parse_input(ms_config *c, const cJSON *root)
     MS_TRY(get_object(&in, root, "input", "input", false));
     MS_TRY(get_float3(c->mean, in, "mean", "input.mean", mean, -1e6, 1e6));
     MS_TRY(get_float3(c->stdv, in, "std", "input.std", stdv, 1e-6, 1e6));
-    MS_TRY(get_int(&c->short_side, in, "short_side", "input.short_side", false, 0, 1, 65535));
-    MS_TRY(get_int(&c->pad_multiple, in, "pad_multiple", "input.pad_multiple", false, 16, 1, 4096));
+    /* Bounded so no image's work is absurd for its size: a larger short side
+     * or pad multiple would make every (or a tiny) image a huge network input. */
+    MS_TRY(get_int(&c->short_side, in, "short_side", "input.short_side", false, 0, 1, 4096));
+    MS_TRY(get_int(&c->pad_multiple, in, "pad_multiple", "input.pad_multiple", false, 16, 1, 256));
+    static const char *const padded[] = {"crop", "resize"};
+    int pl = 0;
+    MS_TRY(get_enum(&pl, in, "padded_logits", "input.padded_logits", 0, padded, 2));
+    c->padded_logits_resize = pl == 1;
+    const cJSON *slide = in ? get(in, "slide") : NULL;
+    if (slide && !cJSON_IsNull(slide)) {
+        int n;
+        MS_TRY(get_object(&slide, in, "slide", "input.slide", true));
+        MS_TRY(get_int_array(c->slide_crop, &n, slide, "crop", "input.slide.crop", true, 2, 2, 16,
+                             65535));
+        MS_TRY(get_int_array(c->slide_stride, &n, slide, "stride", "input.slide.stride", true, 2,
+                             2, 1, 65535));
+        for (int i = 0; i < 2; i++)
+            if (c->slide_stride[i] > c->slide_crop[i])
+                return ms_error(MS_ERR_FORMAT,
+                                "config: input.slide.stride %d is larger than the crop %d",
+                                c->slide_stride[i], c->slide_crop[i]);
+    }
 
     const cJSON *prov = get(root, "provenance");
     if (prov && !cJSON_IsString(prov)) return ms_error(MS_ERR_FORMAT, "config: provenance: expected a string");

@@ -30,6 +30,7 @@ typedef struct {
     int pos_grid[2];        /* Hp, Wp */
     int out_indices[4];
     bool final_norm;
+    bool cls_token;         /* a class token at sequence index 0 (mita-spec 1, 2.7) */
     ms_attn_config attn;
     /* neck */
     ms_neck_type neck;
@@ -48,6 +49,9 @@ typedef struct {
     float mean[3], stdv[3];
     int short_side;         /* 0: native size */
     int pad_multiple;
+    bool padded_logits_resize; /* "resize": padded logits straight to the unpadded size (mmseg) */
+    int slide_crop[2];      /* sliding-window test (mmseg slide_inference) on the working-size */
+    int slide_stride[2];    /* image: window and stride, h then w; 0: whole image */
     char *provenance;       /* owned, may be "" */
     char *json;             /* the config string as stored, owned */
 } ms_config;

@@ -14,8 +14,12 @@ typedef struct {
     ms_device_choice device;
     int threads;        /* 0: all cores */
     bool fp32;          /* CUDA: FP32 GEMMs */
+    bool tc_round;      /* CPU: round GEMM operands as CUDA's tensor-core mode
+                         * does (ms_backend.tc_round; verification only) */
     int device_index;   /* CUDA: which GPU (0-based, counted within
                          * CUDA_VISIBLE_DEVICES); 0 when unset */
+    size_t max_memory;  /* host bytes a run may hold, weights included;
+                         * 0: engine_default_memory_budget() */
 } ms_engine_options;
 
 /* Per-run attention override; zero/negative fields keep the model's. */
@@ -28,6 +32,10 @@ typedef struct {
                          * image and of its mirror image (mirrored back); the
                          * mask is their argmax, the MiTA record the unflipped
                          * pass's. The mirror runs in the same batch. */
+    bool mask_only;     /* no full-size logits (res->logits NULL): the mask
+                         * is the argmax taken while resizing, band by band,
+                         * so memory does not grow with classes x pixels */
+    bool keep_blocks;   /* keep every block's output tokens (depth chart, --stats) */
 } ms_run_options;
 
 typedef struct {
@@ -36,17 +44,22 @@ typedef struct {
     int rh, rw;             /* resized (working) size, before padding */
     int ph, pw;             /* padded network input */
     int patch, hp, wp, n;   /* token grid, n = hp*wp */
+    int ncls;               /* 1 with a class token: records number it n (mita-spec 2.7) */
     int classes;
-    float *logits;          /* (classes, h, w) at the original size, before argmax */
+    float *logits;          /* (classes, h, w) at the original size, before
+                             * argmax; NULL after a mask_only run */
     uint8_t *mask;          /* (h, w) */
     /* MiTA record (record=true); layers run with full attention have
      * layer_mita[i] == 0 and their slices are unset. */
     int depth, heads;
     int gh, gw, m, k;       /* effective (clamped) landmark grid and k */
     uint8_t *layer_mita;    /* (depth) */
-    int32_t *topk_idx;      /* (depth, heads, m, k) */
-    int32_t *route;         /* (depth, heads, n) */
-    float *shared_mass;     /* (depth, heads, n) */
+    int32_t *topk_idx;      /* (depth, heads, m, k): positions 0..n-1, class token n */
+    int32_t *route;         /* (depth, heads, n + ncls), the class token's last */
+    float *shared_mass;     /* (depth, heads, n + ncls), the class token's last */
+    /* keep_blocks: every block's output grid tokens (no class token), MiTA or full */
+    int dim;                /* token width C; 0 without blocks */
+    float *blocks;          /* (depth, n, dim) or NULL */
     /* run facts */
     int attention;          /* MS_ATTN_* actually used */
     bool tta_flip;          /* logits averaged with the mirror image's */
@@ -61,6 +74,11 @@ typedef struct ms_engine ms_engine;
  * falls back to the CPU, engine_fallback_reason() says why. */
 ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_options *opt);
 void engine_free(ms_engine *e);
+/* What engine_init checks of a model without keeping it: every tensor the
+ * config implies is there with its shape and a float dtype, and every weight
+ * is finite. For `mitaseg info`. */
+struct ms_model_file;
+ms_status engine_check_model(const struct ms_model_file *mf);
 const ms_config *engine_config(const ms_engine *e);
 const char *engine_model_path(const ms_engine *e);
 const char *engine_fallback_reason(const ms_engine *e); /* NULL when none */
@@ -82,7 +100,22 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res /* (count) */,
                            const ms_run_options *opt);
 void result_free(ms_result *res);
 
+/* Refuses (MS_ERR_OOM, a message with the sizes) a run of count h x w images
+ * whose plan, plus extra_bytes the caller will hold (the decoded image), would
+ * exceed the engine's memory budget; allocates nothing (a dry run sizes it).
+ * engine_run_batch applies the same check before it allocates a new plan;
+ * callers use this one before decoding an image. */
+ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_run_options *opt,
+                              size_t extra_bytes);
+size_t engine_memory_budget(const ms_engine *e);
+/* Half of physical memory (or of the cgroup's limit when lower): the budget
+ * when ms_engine_options.max_memory is 0. */
+size_t engine_default_memory_budget(void);
+
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
+
+/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route/
+ * shared_mass when recorded, blocks.{i} when kept). */
 ms_status result_write_dump(const ms_result *res, const char *path);
 
 /* Test hook: called with every stage's output (host copy), named as in the

@@ -1,5 +1,6 @@
 /* Confusion matrix and mIoU/mAcc/aAcc. */
 #include "eval.h"
+#include "file_io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -152,27 +153,9 @@ ms_status metrics_write_json(const char *path, const ms_metrics *m, const ms_con
 {
     char *s;
     MS_TRY(metrics_to_json(&s, m, c, names, meta));
-    size_t lp = strlen(path);
-    char *tmp = malloc(lp + 32);
-    if (!tmp) { free(s); return ms_error(MS_ERR_OOM, "out of memory"); }
-    snprintf(tmp, lp + 32, "%s.tmp-%ld", path, (long)getpid());
-    ms_status st = MS_OK;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        st = ms_error(MS_ERR_IO, "%s: %s", path, strerror(errno));
-    } else {
-        /* flushed to disk before the rename, so a crash leaves the old file or the new */
-        bool wrote = fputs(s, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 &&
-                     fsync(fileno(f)) == 0;
-        if (fclose(f) != 0 || !wrote) {
-            st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-            unlink(tmp);
-        } else if (rename(tmp, path) != 0) {
-            st = ms_error(MS_ERR_IO, "%s: rename failed: %s", path, strerror(errno));
-            unlink(tmp);
-        }
-    }
-    free(tmp);
+    size_t n = strlen(s);
+    s[n] = '\n'; /* the terminator becomes the file's last newline */
+    ms_status st = fio_write_file(path, s, n + 1);
     free(s);
     return st;
 }

@@ -6,6 +6,7 @@
  * caller frees whatever was allocated, success or not. Neither library
  * prints: their message hooks store the text in the context. */
 #include "image_io.h"
+#include "file_io.h"
 
 #include <errno.h>
 #include <setjmp.h>
@@ -45,6 +46,8 @@ typedef struct {
     const char *call;
     int line;
     ms_status st;      /* set before png_error by our own checks */
+    image_size_check check; /* caller's check of the size, or NULL */
+    void *check_user;
     uint8_t *buf;      /* decoded rows, (h, rowbytes) */
     png_bytep *rows;   /* (h) */
     png_uint_32 w, h;
@@ -110,6 +113,10 @@ static int png_decode(png_ctx *c)
     if (check_size(c->path, c->w, c->h) != MS_OK) {
         c->st = MS_ERR_FORMAT;
         snprintf(c->msg, sizeof c->msg, "image too large (%lux%lu)", (unsigned long)c->w, (unsigned long)c->h);
+        return 1;
+    }
+    if (c->check && (c->st = c->check(c->check_user, (int)c->w, (int)c->h)) != MS_OK) {
+        snprintf(c->msg, sizeof c->msg, "%s", ms_last_error());
         return 1;
     }
     int ct = png_get_color_type(c->png, c->info), bd = png_get_bit_depth(c->png, c->info);
@@ -208,6 +215,8 @@ typedef struct {
     uint8_t *row;     /* one scanline as decoded */
     int w, h;
     int orientation;  /* EXIF 1..8 */
+    image_size_check check; /* caller's check of the size, or NULL */
+    void *check_user;
 } jpeg_ctx;
 
 static void jpeg_on_error(j_common_ptr cinfo)
@@ -305,6 +314,15 @@ static int jpeg_decode(jpeg_ctx *c)
             }
         }
     }
+    if (c->check) {
+        bool turned = c->orientation >= 5; /* 5..8 swap width and height */
+        int w = (int)(turned ? ci->image_height : ci->image_width);
+        int h = (int)(turned ? ci->image_width : ci->image_height);
+        if ((c->st = c->check(c->check_user, w, h)) != MS_OK) {
+            snprintf(c->msg, sizeof c->msg, "%s", ms_last_error());
+            return 1;
+        }
+    }
     bool cmyk = false;
     switch (ci->jpeg_color_space) {
     case JCS_GRAYSCALE:
@@ -395,11 +413,14 @@ static uint8_t *orient(const uint8_t *src, int *w, int *h, int o)
     return dst;
 }
 
-static ms_status jpeg_read_file(ms_image *out, const char *path, FILE *f)
+static ms_status jpeg_read_file(ms_image *out, const char *path, FILE *f, image_size_check check,
+                                void *user)
 {
     jpeg_ctx *c = calloc(1, sizeof *c);
     MS_CHECK_ALLOC(c, sizeof *c);
     c->path = path;
+    c->check = check;
+    c->check_user = user;
     c->f = f;
     c->call = "libjpeg";
     c->st = MS_OK;
@@ -431,8 +452,7 @@ static ms_status jpeg_read_file(ms_image *out, const char *path, FILE *f)
 
 static ms_status open_image(FILE **f, uint8_t sig[8], size_t *n, const char *path)
 {
-    *f = fopen(path, "rb");
-    if (!*f) return ms_error(MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    MS_TRY(fio_fopen_input(f, path)); /* a FIFO is refused, not waited on */
     *n = fread(sig, 1, 8, *f);
     if (ferror(*f)) {
         int err = errno;
@@ -443,7 +463,9 @@ static ms_status open_image(FILE **f, uint8_t sig[8], size_t *n, const char *pat
     return MS_OK;
 }
 
-ms_status image_read(ms_image *out, const char *path)
+ms_status image_read(ms_image *out, const char *path) { return image_read_checked(out, path, NULL, NULL); }
+
+ms_status image_read_checked(ms_image *out, const char *path, image_size_check check, void *user)
 {
     memset(out, 0, sizeof *out);
     FILE *f;
@@ -452,7 +474,7 @@ ms_status image_read(ms_image *out, const char *path)
     MS_TRY(open_image(&f, sig, &n, path));
     ms_status st;
     if (n == 8 && png_sig_cmp(sig, 0, 8) == 0) {
-        png_ctx c = {.path = path};
+        png_ctx c = {.path = path, .check = check, .check_user = user};
         st = png_read_file(&c, f);
         if (st == MS_OK) {
             out->w = (int)c.w;
@@ -467,7 +489,7 @@ ms_status image_read(ms_image *out, const char *path)
             }
         }
     } else if (n >= 3 && sig[0] == 0xFF && sig[1] == 0xD8 && sig[2] == 0xFF) {
-        st = jpeg_read_file(out, path, f);
+        st = jpeg_read_file(out, path, f, check, user);
     } else if (n == 0) {
         st = ms_error(MS_ERR_FORMAT, "%s: empty file, not a PNG or JPEG file", path);
     } else {
@@ -568,13 +590,11 @@ static ms_status png_write_file(const char *path, const uint8_t *px, int w, int 
                                 const uint8_t (*palette)[3], int n_palette)
 {
     MS_TRY(check_write_args(path, px, w, h));
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp)
-        return ms_error(MS_ERR_ARG, "%s: path too long", path);
-    png_wctx c = {.path = path, .tmp = tmp, .color_type = color_type, .px = px, .w = w, .h = h,
-                  .channels = channels, .palette = palette, .n_palette = n_palette, .call = "libpng"};
-    c.f = fopen(tmp, "wb");
-    if (!c.f) return ms_error(MS_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(errno));
+    fio_atomic af;
+    MS_TRY(fio_atomic_begin(&af, path));
+    png_wctx c = {.path = path, .tmp = af.tmp, .f = af.f, .color_type = color_type, .px = px, .w = w,
+                  .h = h, .channels = channels, .palette = palette, .n_palette = n_palette,
+                  .call = "libpng"};
     c.png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &c, png_on_write_error, png_on_warning);
     if (c.png) c.info = png_create_info_struct(c.png);
     ms_status st = MS_OK;
@@ -584,16 +604,13 @@ static ms_status png_write_file(const char *path, const uint8_t *px, int w, int 
         st = ms_error(MS_ERR_IO, "%s: PNG write failed: %s (%s, %s:%d)", path, c.msg, c.call, MS_SRC_FILE, c.line);
     }
     png_destroy_write_struct(c.png ? &c.png : NULL, c.info ? &c.info : NULL);
-    /* Buffered write errors (disk full) only show up at fflush/fclose; fsync
-     * before the rename so a power loss never leaves a truncated file under
-     * the final name (which --skip-existing would trust). */
-    if (st == MS_OK && (fflush(c.f) != 0 || ferror(c.f) || fsync(fileno(c.f)) != 0))
-        st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    if (fclose(c.f) != 0 && st == MS_OK) st = ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(errno));
-    if (st == MS_OK && rename(tmp, path) != 0)
-        st = ms_error(MS_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(errno));
-    if (st != MS_OK) unlink(tmp);
-    return st;
+    /* fsync before the rename (in the commit) so a power loss never leaves a
+     * truncated file under the final name, which --skip-existing would trust. */
+    if (st != MS_OK) {
+        fio_atomic_abort(&af);
+        return st;
+    }
+    return fio_atomic_commit(&af);
 }
 
 ms_status image_write_indexed(const char *path, const uint8_t *idx, int w, int h, const uint8_t (*palette)[3],

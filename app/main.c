@@ -3,9 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
+#include "file_io.h"
 
 static const char usage[] =
     "usage: mitaseg <command> [options]\n"
@@ -16,24 +16,14 @@ static const char usage[] =
     "  eval --list FILE        mIoU against labels\n"
     "  render IMAGE -o OUT.png draw one viewer view headless\n"
     "  info [MODEL]            print a model's config and tensor table\n"
+    "  doctor                  check this machine: CPU, GPUs, and a self-test of every op\n"
     "\n"
     "`mitaseg <command> --help` describes each command.\n";
 
-/* libgomp's idle threads spin by default, which on a desktop (the viewer's
- * own threads, other programs) or a shared machine steals the cores the next
- * parallel loop needs: a DeiT-Tiny forward on 2 busy cores took 1.7-3.3 s
- * spinning and 1.1 s passive. The policy is read once when libgomp loads, so
- * set it and restart the program once, unless the user chose one. */
-static void ensure_passive_openmp(char **argv)
-{
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    execv("/proc/self/exe", argv); /* returns only on failure: run as is */
-}
-
 int main(int argc, char **argv)
 {
-    ensure_passive_openmp(argv);
+    cli_interrupt_init();
+    fio_remember_inputs(true); /* no command writes over a file it read */
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
         !strcmp(argv[1], "help")) {
         fputs(usage, argc < 2 ? stderr : stdout);
@@ -42,6 +32,7 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "segment")) return cmd_segment(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "doctor")) return cmd_doctor(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return cmd_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "view")) return cmd_view(argc - 1, argv + 1);
     if (!strcmp(cmd, "render")) return cmd_render(argc - 1, argv + 1);

@@ -1,6 +1,7 @@
-/* safetensors reading (mmap, everything validated before any tensor byte is
- * touched) and writing (temp file + fsync + rename). */
+/* safetensors reading (read into memory, everything validated before any
+ * tensor byte is used) and writing (temp file + fsync + rename). */
 #include "model_file.h"
+#include "file_io.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -9,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,7 +23,7 @@
 
 struct ms_model_file {
     char *path;
-    uint8_t *map;
+    uint8_t *bytes;    /* the whole file, read */
     size_t size;
     ms_config cfg;
     bool has_cfg;      /* a model (model_file_open), not a plain safetensors file */
@@ -184,19 +184,19 @@ static ms_status parse_header(ms_model_file *mf, bool model)
     if (mf->size < 8)
         return ms_error(MS_ERR_FORMAT, "file too small (%zu bytes) for a safetensors header", mf->size);
     uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | mf->map[i];
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | mf->bytes[i];
     if (hlen > MS_MAX_HEADER)
         return ms_error(MS_ERR_FORMAT, "header length %llu over the 100 MB limit", (unsigned long long)hlen);
     if (hlen > mf->size - 8)
         return ms_error(MS_ERR_FORMAT, "header length %llu past end of file (%zu bytes)", (unsigned long long)hlen,
                         mf->size);
-    const uint8_t *data = mf->map + 8 + hlen;
+    const uint8_t *data = mf->bytes + 8 + hlen;
     uint64_t data_size = mf->size - 8 - hlen;
 
-    cJSON *root = cJSON_ParseWithLength((const char *)mf->map + 8, (size_t)hlen);
+    cJSON *root = cJSON_ParseWithLength((const char *)mf->bytes + 8, (size_t)hlen);
     if (!root) {
         const char *at = cJSON_GetErrorPtr();
-        const char *h = (const char *)mf->map + 8;
+        const char *h = (const char *)mf->bytes + 8;
         long off = (at && at >= h && at <= h + hlen) ? (long)(at - h) : -1;
         return ms_error(MS_ERR_FORMAT, "header JSON does not parse (near byte %ld of %llu)", off,
                         (unsigned long long)hlen);
@@ -280,6 +280,34 @@ done:
     return st;
 }
 
+static bool same_file_state(const struct stat *a, const struct stat *b)
+{
+    return a->st_size == b->st_size && a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+           a->st_mtim.tv_nsec == b->st_mtim.tv_nsec && a->st_ino == b->st_ino;
+}
+
+/* Reads exactly n bytes; the file must still have the size and mtime it had
+ * when opened (sb), else another process changed it while it was read. */
+static ms_status read_whole(uint8_t *dst, size_t n, int fd, const char *path, const struct stat *sb)
+{
+    size_t got = 0;
+    while (got < n) {
+        size_t want = n - got > (1u << 30) ? (1u << 30) : n - got;
+        ssize_t r = pread(fd, dst + got, want, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return ms_error(MS_ERR_IO, "%s: read failed: %s", path, strerror(errno));
+        if (r == 0)
+            return ms_error(MS_ERR_IO, "%s: the file changed while being read (%zu of %zu bytes there)", path,
+                            got, n);
+        got += (size_t)r;
+    }
+    struct stat now;
+    if (fstat(fd, &now) != 0) return ms_error(MS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    if (!same_file_state(sb, &now))
+        return ms_error(MS_ERR_IO, "%s: the file changed while being read (size or time differs)", path);
+    return MS_OK;
+}
+
 static ms_status open_file(ms_model_file **out, const char *path, bool model)
 {
     *out = NULL;
@@ -291,33 +319,29 @@ static ms_status open_file(ms_model_file **out, const char *path, bool model)
         return ms_error(MS_ERR_OOM, "out of memory");
     }
     ms_status st = MS_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        st = ms_error(MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto fail;
-    }
+    /* Regular files only, opened without blocking (a FIFO is refused, not
+     * waited on), and remembered so no output replaces the model. */
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        st = ms_error(MS_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        close(fd);
-        goto fail;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = ms_error(MS_ERR_IO, "%s: not a regular file", path);
-        close(fd);
-        goto fail;
-    }
+    st = fio_open_input(&fd, path, &sb);
+    if (st != MS_OK) goto fail;
+    /* Read, not mmap: a file that shrinks under a mapping kills the reader
+     * with SIGBUS; a short read or a changed size/mtime is an error. */
     mf->size = (size_t)sb.st_size;
-    if (mf->size >= 8) {
-        void *m = mmap(NULL, mf->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) {
-            st = ms_error(MS_ERR_IO, "%s: cannot map %zu bytes: %s", path, mf->size, strerror(errno));
-            close(fd);
-            goto fail;
-        }
-        mf->map = m;
+    if ((off_t)mf->size != sb.st_size) {
+        st = ms_error(MS_ERR_IO, "%s: too large to read (%lld bytes)", path, (long long)sb.st_size);
+        close(fd);
+        goto fail;
     }
-    close(fd); /* the mapping keeps the file */
+    mf->bytes = malloc(mf->size ? mf->size : 1);
+    if (!mf->bytes) {
+        st = ms_error(MS_ERR_OOM, "%s: out of memory reading %zu bytes", path, mf->size);
+        close(fd);
+        goto fail;
+    }
+    st = read_whole(mf->bytes, mf->size, fd, path, &sb);
+    close(fd);
+    if (st != MS_OK) goto fail;
     st = parse_header(mf, model);
     if (st != MS_OK) {
         ms_error_prefix(st, "%s", path);
@@ -338,7 +362,7 @@ void model_file_close(ms_model_file *mf)
     if (!mf) return;
     for (int i = 0; i < 2 * mf->n_meta; i++) free(mf->meta[i]);
     free(mf->meta);
-    if (mf->map) munmap(mf->map, mf->size);
+    free(mf->bytes);
     config_free(&mf->cfg);
     free(mf->names);
     free(mf->t);
@@ -392,8 +416,7 @@ static float f16_to_f32(uint16_t h)
     return f;
 }
 
-ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *dst, int ndim,
-                              const int64_t *shape)
+ms_status model_file_check_f32(const ms_model_file *mf, const char *name, int ndim, const int64_t *shape)
 {
     const ms_tensor *t = model_file_find(mf, name);
     char want[256], got[256];
@@ -406,6 +429,14 @@ ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *
     if (t->dtype != MS_DT_F32 && t->dtype != MS_DT_F16 && t->dtype != MS_DT_BF16 && t->dtype != MS_DT_F64)
         return ms_error(MS_ERR_FORMAT, "%s: tensor %s has dtype %s, expected F32, F16, BF16 or F64", mf->path,
                         name, dtype_names[t->dtype]);
+    return MS_OK;
+}
+
+ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *dst, int ndim,
+                              const int64_t *shape)
+{
+    MS_TRY(model_file_check_f32(mf, name, ndim, shape));
+    const ms_tensor *t = model_file_find(mf, name);
     size_t n = t->nbytes / dtype_sizes[t->dtype];
     if (n == 0) return MS_OK; /* dst may be NULL for an empty tensor */
     /* The data may be unaligned (any header length is legal), so copy bytes. */
@@ -569,33 +600,24 @@ ms_status safetensors_write(const char *path, const ms_tensor *given, int n, con
         return hst;
     }
 
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid()) >= sizeof tmp) {
+    fio_atomic af;
+    hst = fio_atomic_begin(&af, path);
+    if (hst != MS_OK) {
         free(header);
         free(tensors);
-        return ms_error(MS_ERR_ARG, "%s: path too long", path);
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int err = errno;
-        free(header);
-        free(tensors);
-        return ms_error(MS_ERR_IO, "%s: cannot create %s: %s", path, tmp, strerror(err));
+        return hst;
     }
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+    int fd = fileno(af.f); /* nothing buffered in af.f: plain writes */
     bool ok = write_all(fd, len8, 8) && write_all(fd, header, hlen);
     for (int i = 0; ok && i < n; i++) ok = write_all(fd, tensors[i].data, tensors[i].nbytes);
     int err = ok ? 0 : errno;
-    const char *what = "write";
-    if (ok && fsync(fd) != 0) ok = false, err = errno, what = "fsync";
-    if (close(fd) != 0 && ok) ok = false, err = errno, what = "close";
-    if (ok && rename(tmp, path) != 0) ok = false, err = errno, what = "rename";
     free(header);
     free(tensors);
     if (!ok) {
-        unlink(tmp);
-        return ms_error(MS_ERR_IO, "%s: %s failed: %s", path, what, strerror(err));
+        fio_atomic_abort(&af);
+        return ms_error(MS_ERR_IO, "%s: write failed: %s", path, strerror(err));
     }
-    return MS_OK;
+    return fio_atomic_commit(&af);
 }

@@ -1,6 +1,7 @@
 /* Reading and writing safetensors files: the model file (model-format.md) and
- * the --dump output. The reader mmaps the file and validates every byte range
- * before anything is read. */
+ * the --dump output. The reader reads the file into memory (a file changed
+ * meanwhile is an error, never a crash) and validates every byte range before
+ * anything is used. */
 #ifndef MS_MODEL_FILE_H
 #define MS_MODEL_FILE_H
 
@@ -22,13 +23,13 @@ typedef struct {
     ms_dtype dtype;
     int ndim;
     int64_t shape[MS_MAX_DIMS];
-    const void *data;     /* into the mapping (read) or caller memory (write) */
+    const void *data;     /* into the file's bytes (read) or caller memory (write) */
     size_t nbytes;
 } ms_tensor;
 
 typedef struct ms_model_file ms_model_file;
 
-/* mmap + validate container, header and config. Errors start with the path. */
+/* Read + validate container, header and config. Errors start with the path. */
 ms_status model_file_open(ms_model_file **out, const char *path);
 void model_file_close(ms_model_file *mf);
 /* The same validation of the container, for any safetensors file (goldens,
@@ -41,9 +42,12 @@ const ms_config *model_file_config(const ms_model_file *mf);
 int model_file_count(const ms_model_file *mf);
 const ms_tensor *model_file_tensor(const ms_model_file *mf, int i);
 const ms_tensor *model_file_find(const ms_model_file *mf, const char *name);
-/* Copies tensor `name` into dst as F32 (F16/BF16 converted), checking that its
- * shape is exactly shape[0..ndim). Missing or misshaped: an error naming the
- * file, the tensor and both shapes. */
+/* Checks that tensor `name` exists with exactly shape[0..ndim) and a float
+ * dtype. Missing or misshaped: an error naming the file, the tensor and both
+ * shapes. */
+ms_status model_file_check_f32(const ms_model_file *mf, const char *name, int ndim, const int64_t *shape);
+/* Copies tensor `name` into dst as F32 (F16/BF16/F64 converted) after
+ * model_file_check_f32. */
 ms_status model_file_read_f32(const ms_model_file *mf, const char *name, float *dst,
                               int ndim, const int64_t *shape);
 

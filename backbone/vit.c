@@ -49,16 +49,18 @@ ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out, const 
                                const ms_config *cfg, int hp, int wp)
 {
     int C = cfg->embed_dim, h0 = cfg->pos_grid[0], w0 = cfg->pos_grid[1];
+    int nc = cfg->cls_token ? 1 : 0;
     if (hp == h0 && wp == w0)
-        return op_crop(be, out, w->pos_embed, 1, hp * wp, C, hp * wp, C);
+        return op_crop(be, out, w->pos_embed, 1, nc + hp * wp, C, nc + hp * wp, C);
+    if (nc) MS_TRY(op_crop(be, out, w->pos_embed, 1, 1, C, 1, C)); /* class row: never resized */
     /* Interpolation works on (C, H, W) maps; tokens are (N, C). */
     size_t mark = arena_mark(act);
     float *map0, *map1;
     ALLOC_F32(map0, (size_t)C * h0 * w0);
     ALLOC_F32(map1, (size_t)C * hp * wp);
-    MS_TRY(op_transpose(be, map0, w->pos_embed, h0 * w0, C));
+    MS_TRY(op_transpose(be, map0, w->pos_embed + (size_t)nc * C, h0 * w0, C));
     MS_TRY(op_resize_bicubic(be, map1, map0, C, h0, w0, hp, wp));
-    MS_TRY(op_transpose(be, out, map1, C, hp * wp));
+    MS_TRY(op_transpose(be, out + (size_t)nc * C, map1, C, hp * wp));
     arena_reset(act, mark);
     return MS_OK;
 }
@@ -103,22 +105,25 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float
 {
     const int C = cfg->embed_dim, H = cfg->num_heads, p = cfg->patch_size;
     const int hp = ph / p, wp = pw / p, N = hp * wp, R = cfg->mlp_ratio * C;
-    const int M = run->mita.gh * run->mita.gw, K = run->mita.topk, BN = batch * N;
-    const size_t img_tokens = (size_t)N * C, img_qkv = (size_t)N * 3 * C;
+    const int nc = cfg->cls_token ? 1 : 0, T = nc + N; /* sequence: class token, then grid */
+    const int M = run->mita.gh * run->mita.gw, K = run->mita.topk, BN = batch * T;
+    const size_t img_tokens = (size_t)T * C, img_qkv = (size_t)T * 3 * C;
     size_t mark = arena_mark(act);
     float *x, *xn, *qkv, *a, *hid;
-    ALLOC_F32(x, (size_t)BN * C);       /* (B*N, C): image b's tokens at rows b*N.. */
-    ALLOC_F32(xn, (size_t)BN * C);      /* (B*N, C) */
-    ALLOC_F32(qkv, (size_t)BN * 3 * C); /* (B*N, 3C) */
-    ALLOC_F32(a, (size_t)BN * C);       /* (B*N, C) */
-    ALLOC_F32(hid, (size_t)BN * R);     /* (B*N, rC) */
+    ALLOC_F32(x, (size_t)BN * C);       /* (B*T, C): image b's tokens at rows b*T.. */
+    ALLOC_F32(xn, (size_t)BN * C);      /* (B*T, C) */
+    ALLOC_F32(qkv, (size_t)BN * 3 * C); /* (B*T, 3C) */
+    ALLOC_F32(a, (size_t)BN * C);       /* (B*T, C) */
+    ALLOC_F32(hid, (size_t)BN * R);     /* (B*T, rC) */
 
     for (int b = 0; b < batch; b++) {
-        float *xb = x + b * img_tokens; /* (N, C) */
-        MS_TRY(vit_stem(be, act, xb, input + (size_t)b * 3 * ph * pw, w, cfg, ph, pw));
+        float *xb = x + b * img_tokens; /* (T, C) */
+        if (nc) MS_TRY(op_crop(be, xb, w->cls_token, 1, 1, C, 1, C));
+        MS_TRY(vit_stem(be, act, xb + (size_t)nc * C, input + (size_t)b * 3 * ph * pw, w, cfg,
+                        ph, pw));
         MS_TRY(op_add(be, xb, xb, pos, img_tokens));
     }
-    const int64_t tok_shape[2] = {N, C}, map_shape[3] = {C, hp, wp};
+    const int64_t tok_shape[2] = {T, C}, map_shape[3] = {C, hp, wp};
     MS_TRY(trace_emit_each(be, tr, "embed", x, batch, 2, tok_shape));
 
     int last_tap = cfg->out_indices[3];
@@ -127,19 +132,19 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float
         MS_TRY(op_layernorm(be, xn, x, bl->norm1_w, bl->norm1_b, BN, C, cfg->ln_eps));
         MS_TRY(op_linear(be, qkv, xn, bl->qkv_w, bl->qkv_b, BN, C, 3 * C, MS_ACT_NONE, false));
         for (int b = 0; b < batch; b++) {
-            const float *qkv_b = qkv + b * img_qkv; /* (N, 3C) */
-            float *a_b = a + b * img_tokens;        /* (N, C) */
+            const float *qkv_b = qkv + b * img_qkv; /* (T, 3C) */
+            float *a_b = a + b * img_tokens;        /* (T, C) */
             if (run->attention == MS_ATTN_MITA) {
                 /* records: (B, depth, heads, ...), this image's layer i */
                 size_t layer = (size_t)b * cfg->depth + i;
                 ms_mita_record rec = {0};
                 if (run->topk_idx) rec.topk_idx = run->topk_idx + layer * H * M * K;
-                if (run->route) rec.route = run->route + layer * H * N;
-                if (run->shared_mass) rec.shared_mass = run->shared_mass + layer * H * N;
+                if (run->route) rec.route = run->route + layer * H * T;
+                if (run->shared_mass) rec.shared_mass = run->shared_mass + layer * H * T;
                 bool any = rec.topk_idx || rec.route || rec.shared_mass;
                 MS_TRY(op_mita(be, a_b, qkv_b, hp, wp, C, H, &run->mita, any ? &rec : NULL));
             } else {
-                MS_TRY(op_attention_full(be, a_b, qkv_b, N, C, H));
+                MS_TRY(op_attention_full(be, a_b, qkv_b, T, C, H));
             }
         }
         MS_TRY(op_linear(be, x, a, bl->proj_w, bl->proj_b, BN, C, C, MS_ACT_NONE, true));
@@ -147,6 +152,10 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float
         MS_TRY(op_linear(be, hid, xn, bl->fc1_w, bl->fc1_b, BN, C, R, MS_ACT_GELU, false));
         MS_TRY(op_linear(be, x, hid, bl->fc2_w, bl->fc2_b, BN, R, C, MS_ACT_NONE, true));
 
+        if (run->blocks) /* image b's grid rows (N, C), no class token, to its (b, i) slot */
+            for (int b = 0; b < batch; b++)
+                MS_TRY(op_crop(be, run->blocks + ((size_t)b * cfg->depth + i) * N * C,
+                               x + b * img_tokens + (size_t)nc * C, 1, N, C, N, C));
         char name[32];
         snprintf(name, sizeof name, "blocks.%d", i);
         MS_TRY(trace_emit_each(be, tr, name, x, batch, 2, tok_shape));
@@ -157,8 +166,9 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float
                 MS_TRY(op_layernorm(be, xn, x, w->norm_w, w->norm_b, BN, C, cfg->ln_eps));
                 src = xn;
             }
-            for (int b = 0; b < batch; b++) /* (N, C) -> (C, hp, wp) per image */
-                MS_TRY(op_transpose(be, taps[j] + b * img_tokens, src + b * img_tokens, N, C));
+            for (int b = 0; b < batch; b++) /* grid rows (N, C) -> (C, hp, wp) per image */
+                MS_TRY(op_transpose(be, taps[j] + (size_t)b * N * C,
+                                    src + b * img_tokens + (size_t)nc * C, N, C));
             snprintf(name, sizeof name, "taps.%d", j);
             MS_TRY(trace_emit_each(be, tr, name, taps[j], batch, 3, map_shape));
         }

@@ -26,7 +26,8 @@ typedef struct {
     ms_conv patch;                  /* patch stem: (C, 3, p, p) */
     ms_conv stem[MS_MAX_STEM];      /* conv stem, BN folded */
     ms_conv stem_proj;              /* (C, c_last, 1, 1) */
-    float *pos_embed;               /* (Hp0*Wp0, C) at cfg pos_grid */
+    float *pos_embed;               /* (ncls + Hp0*Wp0, C) at cfg pos_grid, class row first */
+    float *cls_token;               /* (C), cls_token only */
     vit_block *blocks;              /* (depth), host array of device pointers */
     float *norm_w, *norm_b;         /* (C), final_norm only */
 } vit_weights;
@@ -53,23 +54,29 @@ typedef struct {
     ms_mita_params mita;            /* clamped to the grid */
     /* MiTA records of every image and layer, or NULL (no recording). */
     int32_t *topk_idx;              /* (batch, depth, heads, m, k) */
-    int32_t *route;                 /* (batch, depth, heads, n) */
-    float *shared_mass;             /* (batch, depth, heads, n) */
+    int32_t *route;                 /* (batch, depth, heads, ncls + n) */
+    float *shared_mass;             /* (batch, depth, heads, ncls + n) */
+    float *blocks;                  /* (batch, depth, n, C) grid tokens' block outputs, or NULL */
 } vit_run;
 
-/* Resizes the stored position embedding to a (hp, wp) grid (bicubic), or
- * copies it when the grid is the training grid. */
-ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out /* (hp*wp, C) */,
+/* Resizes the stored position embedding's grid rows to a (hp, wp) grid
+ * (bicubic), or copies them when the grid is the training grid; the class
+ * token's row (if any) is copied unchanged (mita-spec 1). */
+ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act,
+                               float *out /* (ncls + hp*wp, C) */,
                                const vit_weights *w, const ms_config *cfg, int hp, int wp);
 
 /* The backbone over a batch of same-size images: inputs (B, 3, ph, pw) ->
- * four taps (B, C, hp, wp). The images' tokens are stacked (B*N, C), so the
+ * four taps (B, C, hp, wp). Each image's sequence is T = ncls + N tokens, the
+ * class token (if any) first; the taps drop it. The images' tokens are
+ * stacked (B*T, C), so the
  * LayerNorms, linears (GELU and residual adds fused) run once over B*N rows:
  * bigger GEMMs. The stem, the attention (it mixes tokens within one image)
  * and the taps' transposes run image by image on row slices. */
 ms_status vit_forward(ms_backend *be, ms_arena *act,
                       float *taps[4] /* each (B, C, hp, wp) */,
-                      const float *input /* (B, 3, ph, pw) */, const float *pos /* (hp*wp, C) */,
+                      const float *input /* (B, 3, ph, pw) */,
+                      const float *pos /* (ncls + hp*wp, C) */,
                       const vit_weights *w, const ms_config *cfg, const vit_run *run,
                       int batch, int ph, int pw, const ms_trace *tr);
 

@@ -1,5 +1,6 @@
-/* Times engine_run on a synthetic image: warm-up once (plan + arena sizing),
- * then --repeat runs. Prints one JSON line. --stages adds the time per stage,
+/* Times engine_run on a synthetic image (engine_run_batch on --batch B
+ * copies of it): warm-up once (plan + arena sizing), then --repeat runs.
+ * Prints one JSON line. --stages adds the time per stage,
  * taken at the engine's trace points (on CUDA each point waits for the
  * stream and copies the stage out, so the sum exceeds a plain run a little).
  * --image runs a real image instead. --serve is bench/bench_cpu.py's worker
@@ -90,7 +91,7 @@ static void on_stage(void *user, const char *name, const float *data, int ndim,
 int main(int argc, char **argv)
 {
     const char *model = NULL, *image = NULL;
-    int w = 512, h = 512, repeat = 3, threads = 0;
+    int w = 512, h = 512, repeat = 3, threads = 0, batch = 1;
     bool stages = false, serving = false;
     ms_engine_options eo = {.device = MS_DEV_CPU};
     ms_run_options ro = {.attention = -1};
@@ -100,6 +101,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--size") && v) { if (sscanf(v, "%dx%d", &w, &h) != 2) return 2; i++; }
         else if (!strcmp(a, "--repeat") && v) repeat = atoi(v), i++;
         else if (!strcmp(a, "--threads") && v) threads = atoi(v), i++;
+        else if (!strcmp(a, "--batch") && v) batch = atoi(v), i++;
         else if (!strcmp(a, "--attention") && v) { ro.attention = strcmp(v, "full") ? MS_ATTN_MITA : MS_ATTN_FULL; i++; }
         else if (!strcmp(a, "--device") && v) { eo.device = strcmp(v, "cuda") ? MS_DEV_CPU : MS_DEV_CUDA; i++; }
         else if (!strcmp(a, "--record")) ro.record = true;
@@ -108,12 +110,12 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--serve")) serving = true;
         else {
             fprintf(stderr, "usage: bench_engine --model FILE [--size WxH] [--repeat N] [--threads N]"
-                            " [--attention mita|full] [--device cpu|cuda] [--record] [--stages]"
-                            " [--image FILE] [--serve]\n");
+                            " [--batch B] [--attention mita|full] [--device cpu|cuda] [--record]"
+                            " [--stages] [--image FILE] [--serve]\n");
             return 2;
         }
     }
-    if (!model || w < 1 || h < 1 || repeat < 1) return 2;
+    if (!model || w < 1 || h < 1 || repeat < 1 || batch < 1 || batch > 256) return 2;
     eo.threads = threads;
     ms_engine *e;
     if (engine_init(&e, model, &eo) != MS_OK) {
@@ -136,16 +138,28 @@ int main(int argc, char **argv)
         uint32_t s = 12345;
         for (size_t i = 0; i < (size_t)w * h * 3; i++) img.rgb[i] = (uint8_t)((s = s * 1664525u + 1013904223u) >> 24);
     }
+    /* --batch B: B copies of the image in one engine_run_batch */
+    ms_result *rs = calloc((size_t)batch, sizeof *rs);
+    const ms_image **imgs = malloc((size_t)batch * sizeof *imgs);
+    if (!rs || !imgs) {
+        fprintf(stderr, "bench_engine: out of memory for a batch of %d\n", batch);
+        image_free(&img);
+        engine_free(e);
+        return 1;
+    }
+    for (int b = 0; b < batch; b++) imgs[b] = &img;
     ms_result res = {0};
     if (serving) {
         int rc = serve(e, &res, &img, &ro);
         result_free(&res);
+        free(rs);
+        free(imgs);
         image_free(&img);
         engine_free(e);
         return rc;
     }
     double t0 = now_ms();
-    if (engine_run(e, &res, &img, &ro) != MS_OK) {
+    if (engine_run_batch(e, rs, imgs, batch, &ro) != MS_OK) {
         fprintf(stderr, "bench_engine: %s\n", ms_last_error());
         return 1;
     }
@@ -155,7 +169,7 @@ int main(int argc, char **argv)
     for (int r = 0; r < repeat; r++) {
         t0 = now_ms();
         sc.last = t0;
-        if (engine_run(e, &res, &img, &ro) != MS_OK) {
+        if (engine_run_batch(e, rs, imgs, batch, &ro) != MS_OK) {
             fprintf(stderr, "bench_engine: %s\n", ms_last_error());
             return 1;
         }
@@ -163,10 +177,11 @@ int main(int argc, char **argv)
         sum += t;
         if (t < best) best = t;
     }
+    const ms_result *r0 = &rs[0];
     printf("{\"first_ms\": %.3f, \"mean_ms\": %.3f, \"min_ms\": %.3f, \"images_per_s\": %.3f, "
-           "\"device\": \"%s\", \"tokens\": %d, \"attention\": \"%s\"",
-           first, sum / repeat, best, 1e3 * repeat / sum, res.device_name, res.n,
-           res.attention == MS_ATTN_MITA ? "mita" : "full");
+           "\"batch\": %d, \"device\": \"%s\", \"tokens\": %d, \"attention\": \"%s\"",
+           first, sum / repeat, best, 1e3 * repeat * batch / sum, batch, r0->device_name, r0->n,
+           r0->attention == MS_ATTN_MITA ? "mita" : "full");
     if (stages) {
         printf(", \"stages_ms\": {");
         for (int i = 0; i < N_STAGES; i++)
@@ -174,7 +189,9 @@ int main(int argc, char **argv)
         printf("}");
     }
     printf("}\n");
-    result_free(&res);
+    for (int b = 0; b < batch; b++) result_free(&rs[b]);
+    free(rs);
+    free(imgs);
     image_free(&img);
     engine_free(e);
     return 0;

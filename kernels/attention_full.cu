@@ -17,7 +17,7 @@ __global__ void __launch_bounds__(FLASH_QB)
                  int kt, float s)
 {
     const int d = DT > 0 ? DT : d_rt;
-    extern __shared__ float smem[];
+    MS_SHARED_DYN(float, smem);
     float *ks = smem, *vs = smem + (size_t)kt * d;
     const int h = blockIdx.y, tid = threadIdx.x;
     const int qi = blockIdx.x * FLASH_QB + tid;
@@ -55,7 +55,8 @@ static ms_status launch_flash(ms_cuda_ctx *cu, float *out, const float *qkv, int
         CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<DT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid((unsigned)((n + FLASH_QB - 1) / FLASH_QB), (unsigned)heads);
-    flash_kernel<DT><<<grid, FLASH_QB, smem, cu->stream>>>(out, qkv, n, c, d, kt, mita_scale(d));
+    MS_LAUNCH(flash_kernel<DT>, grid, FLASH_QB, smem, cu->stream)(out, qkv, n, c, d, kt,
+        mita_scale(d));
     CUDA_CHECK_LAUNCH("flash_kernel");
     return MS_OK;
 }

@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -147,4 +149,17 @@ void backend_set_threads(ms_backend *be, int threads)
 #endif
     gemm_init_threads(); /* OpenBLAS single-threaded: see kernels/gemm.h */
     be->threads = threads;
+}
+
+bool ms_gpu_present(void)
+{
+    const char *env = getenv("MS_EXPECT_GPU");
+    if (env && env[0] == '1') return true;
+    if (access("/dev/nvidia0", F_OK) == 0) return true;
+    DIR *d = opendir("/proc/driver/nvidia/gpus");
+    if (!d) return false;
+    bool any = false;
+    for (struct dirent *e; !any && (e = readdir(d)) != NULL;) any = e->d_name[0] != '.';
+    closedir(d);
+    return any;
 }

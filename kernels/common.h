@@ -34,6 +34,18 @@ MS_HD uint32_t ms_float_bits(float x)
 #endif
 }
 
+/* The float with the given bits. */
+MS_HD float ms_bits_float(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
 typedef enum {
     MS_OK = 0,
     MS_ERR_IO,          /* file missing, unreadable, write failed */
@@ -105,11 +117,20 @@ typedef struct {
     int threads;          /* CPU threads (OpenMP + OpenBLAS) */
     bool dry_run;
     bool fp32;            /* CUDA: FP32 GEMMs (verification); else FP16/BF16 tensor cores */
+    bool tc_round;        /* CPU: round GEMM operands as CUDA's tensor-core mode does
+                           * (BF16 for linear and conv_transpose2x2, TF32 for conv2d,
+                           * FP32 accumulation), to compare against it; verification only */
     ms_arena *scratch;    /* temporary buffers for ops, from the activation arena */
     void *cuda;           /* ms_cuda_ctx *, see kernels/cuda_ctx.h */
 } ms_backend;
 
 void backend_set_threads(ms_backend *be, int threads);
+
+/* Whether this machine has an NVIDIA GPU, judged without CUDA: the kernel
+ * driver lists one (/proc/driver/nvidia/gpus, /dev/nvidia0), or
+ * $MS_EXPECT_GPU=1 says so (the device scripts set it when nvidia-smi sees
+ * one). With a GPU present, a test that cannot use it must fail, not skip. */
+bool ms_gpu_present(void);
 
 #ifdef __cplusplus
 }

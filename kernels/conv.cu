@@ -8,8 +8,39 @@
 #include "conv.h"
 #include "cuda_check.h"
 #include "image_cuda_math.h"
+#include "linear.h" /* bf16_round, tf32_round */
 
 #define CV_THREADS 256
+
+/* out = in rounded to BF16 (bf16) or TF32 values, still stored as FP32. */
+__global__ void round_operand_kernel(float *out, const float *in, long long total, int bf16)
+{
+    CUDA_FOR(i, total) out[i] = bf16 ? bf16_round(in[i]) : tf32_round(in[i]);
+}
+
+/* Tensor-core mode: copies of a GEMM's two operands rounded as the CPU's
+ * tc_round does (round to nearest: even for BF16, away for TF32), into ws
+ * (cuda_align256(na) + cuda_align256(nb) floats' bytes); *a and *b then point at them. The
+ * library's own conversion of these values is exact, whatever its rounding. */
+static ms_status round_operands(ms_cuda_ctx *cu, void *ws, const float **a, size_t na,
+                                const float **b, size_t nb, bool bf16)
+{
+    float *ra = (float *)ws, *rb = (float *)((char *)ws + cuda_align256(na * sizeof(float)));
+    MS_LAUNCH(round_operand_kernel, cuda_blocks(na, CV_THREADS), CV_THREADS, 0, cu->stream)(ra,
+        *a, (long long)na, bf16);
+    CUDA_CHECK_LAUNCH("round_operand_kernel");
+    MS_LAUNCH(round_operand_kernel, cuda_blocks(nb, CV_THREADS), CV_THREADS, 0, cu->stream)(rb,
+        *b, (long long)nb, bf16);
+    CUDA_CHECK_LAUNCH("round_operand_kernel");
+    *a = ra;
+    *b = rb;
+    return MS_OK;
+}
+
+static size_t round_operands_bytes(size_t na, size_t nb, bool fp32)
+{
+    return fp32 ? 0 : cuda_align256(na * sizeof(float)) + cuda_align256(nb * sizeof(float));
+}
 
 /* Owns the cuDNN descriptors of one call. */
 struct dnn_call {
@@ -36,9 +67,10 @@ __global__ void chan_bias_act_kernel(float *out, const float *b, long long plane
 }
 
 extern "C" size_t conv2d_cuda_scratch_bytes(int ci, int h, int wd, int co, int kh, int kw,
-                                            int stride, int pad)
+                                            int stride, int pad, bool fp32)
 {
-    return 0; /* cuDNN uses the context's workspace */
+    /* cuDNN uses the context's workspace; outside FP32 mode the TF32 copies */
+    return round_operands_bytes((size_t)ci * h * wd, (size_t)co * ci * kh * kw, fp32);
 }
 
 extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, const float *w,
@@ -49,6 +81,9 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
     int ho = conv_out_size(h, kh, stride, pad), wo = conv_out_size(wd, kw, stride, pad);
     if (ho < 1 || wo < 1 || ci <= 0 || co <= 0)
         return ms_error(MS_ERR_ARG, "conv2d_cuda: bad sizes");
+    if (!be->fp32)
+        MS_TRY(round_operands(cu, ws, &in, (size_t)ci * h * wd, &w, (size_t)co * ci * kh * kw,
+                              false));
     dnn_call D;
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&D.x));
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&D.y));
@@ -72,12 +107,23 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
     CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cu->dnn, D.x, D.f, D.conv, D.y,
                                                        CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got,
                                                        perf));
+    /* Outside FP32 mode, no transform algorithms (FFT, Winograd): their
+     * transformed operands are no longer TF32 values, so the tensor cores
+     * would round them again and the result would drift from the CPU's
+     * tc_round by ~2^-11 instead of summation order. */
     int pick = -1;
-    for (int i = 0; i < got && pick < 0; i++)
+    for (int i = 0; i < got && pick < 0; i++) {
+        cudnnConvolutionFwdAlgo_t a = perf[i].algo;
+        bool transform = a == CUDNN_CONVOLUTION_FWD_ALGO_FFT ||
+                         a == CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING ||
+                         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD ||
+                         a == CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED;
         if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= cu->workspace_bytes &&
-            (!be->fp32 || (perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
-                           perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)))
+            (be->fp32 ? perf[i].mathType != CUDNN_TENSOR_OP_MATH &&
+                            perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+                      : !transform))
             pick = i;
+    }
     if (pick < 0)
         return ms_error(MS_ERR_UNSUPPORTED,
                         "conv2d_cuda: no cuDNN algorithm for %dx%dx%d -> %d (%dx%d s%d p%d) "
@@ -109,8 +155,8 @@ extern "C" ms_status conv2d_cuda(ms_backend *be, float *out, const float *in, co
                                         cu->workspace, cu->workspace_bytes, &zero, D.y, out));
     if (!b && act == MS_ACT_NONE) return MS_OK;
     long long plane = (long long)ho * wo, total = plane * co;
-    chan_bias_act_kernel<<<cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0, cu->stream>>>(
-        out, b, plane, total, (int)act);
+    MS_LAUNCH(chan_bias_act_kernel, cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0,
+              cu->stream)(out, b, plane, total, (int)act);
     CUDA_CHECK_LAUNCH("chan_bias_act_kernel");
     return MS_OK;
 }
@@ -121,9 +167,11 @@ __global__ void convt2x2_scatter_kernel(float *out, const float *g, const float 
     CUDA_FOR(t, total) out[t] = convt2x2_pixel(g, b, h, w, (long)t, (ms_act)act);
 }
 
-extern "C" size_t conv_transpose2x2_cuda_scratch_bytes(int ci, int h, int wd, int co)
+extern "C" size_t conv_transpose2x2_cuda_scratch_bytes(int ci, int h, int wd, int co, bool fp32)
 {
-    return (size_t)4 * co * h * wd * sizeof(float);
+    /* G, then outside FP32 mode the BF16-rounded copies */
+    return cuda_align256((size_t)4 * co * h * wd * sizeof(float)) +
+           round_operands_bytes((size_t)ci * h * wd, (size_t)ci * co * 4, fp32);
 }
 
 extern "C" ms_status conv_transpose2x2_cuda(ms_backend *be, float *out, const float *in,
@@ -136,12 +184,15 @@ extern "C" ms_status conv_transpose2x2_cuda(ms_backend *be, float *out, const fl
     if (hw > INT32_MAX || 4LL * co > INT32_MAX)
         return ms_error(MS_ERR_UNSUPPORTED, "conv_transpose2x2_cuda: sizes too large");
     float *g = (float *)ws; /* (4 co, h w) */
+    if (!be->fp32)
+        MS_TRY(round_operands(cu, (char *)ws + cuda_align256((size_t)4 * co * hw * sizeof(float)), &in,
+                              (size_t)ci * hw, &w, (size_t)ci * co * 4, true));
     /* Column-major: G^T (hw x 4co) = X^T (hw x ci, ld hw) * Wm (4co x ci, ld 4co)^T. */
     MS_TRY(cuda_gemm_batched(cu, be->fp32, CUBLAS_OP_N, CUBLAS_OP_T, (int)hw, 4 * co, ci, 1.0f, in,
                              (int)hw, 0, w, 4 * co, 0, 0.0f, g, (int)hw, 0, 1));
     long long total = 4 * hw * co;
-    convt2x2_scatter_kernel<<<cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0, cu->stream>>>(
-        out, g, b, h, wd, total, (int)act);
+    MS_LAUNCH(convt2x2_scatter_kernel, cuda_blocks((size_t)total, CV_THREADS), CV_THREADS, 0,
+              cu->stream)(out, g, b, h, wd, total, (int)act);
     CUDA_CHECK_LAUNCH("convt2x2_scatter_kernel");
     return MS_OK;
 }

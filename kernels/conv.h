@@ -39,14 +39,18 @@ void conv_transpose2x2_cpu(float *out /* (co, 2h, 2w) */, const float *in /* (ci
                            float *ws /* (ws_floats) */, size_t ws_floats);
 
 #ifdef MS_HAVE_CUDA
-/* Bytes of be->scratch the CUDA versions need (allocated by the dispatcher). */
+/* Bytes of be->scratch the CUDA versions need (allocated by the dispatcher).
+ * Outside FP32 mode they include copies of the input and weights rounded to
+ * the tensor-core format (TF32 for conv2d, BF16 for conv_transpose2x2) by our
+ * own kernel, so that the library's undocumented conversion of them is
+ * exact and the result is what the CPU's tc_round computes. */
 size_t conv2d_cuda_scratch_bytes(int ci, int h, int wd, int co, int kh, int kw, int stride,
-                                 int pad);
+                                 int pad, bool fp32);
 ms_status conv2d_cuda(ms_backend *be, float *out /* (co, ho, wo) */,
                       const float *in /* (ci, h, w) */, const float *w /* (co, ci, kh, kw) */,
                       const float *b /* (co) or NULL */, int ci, int h, int wd, int co, int kh,
                       int kw, int stride, int pad, ms_act act, void *ws);
-size_t conv_transpose2x2_cuda_scratch_bytes(int ci, int h, int wd, int co);
+size_t conv_transpose2x2_cuda_scratch_bytes(int ci, int h, int wd, int co, bool fp32);
 ms_status conv_transpose2x2_cuda(ms_backend *be, float *out /* (co, 2h, 2w) */,
                                  const float *in /* (ci, h, w) */,
                                  const float *w /* (ci, co, 2, 2) */,

@@ -4,10 +4,23 @@
 #ifndef MS_CUDA_CHECK_H
 #define MS_CUDA_CHECK_H
 
+#ifdef MS_CUDA_EMU
+/* The tests' CUDA execution layer: these kernels compiled as host C++ and run
+ * on the CPU (tests/cuda_emu/cuda_emu.h defines MS_LAUNCH, MS_SHARED_DYN). */
+#include "cuda_emu.h"
+#else
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
+
+/* kernel<<<grid, block, smem, stream>>>(args), written
+ * MS_LAUNCH(kernel, grid, block, smem, stream)(args) so that the tests'
+ * execution layer can run the same launch on the CPU. */
+#define MS_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+/* The launch's dynamic shared memory as a T array. */
+#define MS_SHARED_DYN(type, name) extern __shared__ type name[]
+#endif
 
 #include "cuda_ctx.h"
 
@@ -103,6 +116,9 @@ static inline ms_cuda_ctx *cuda_ctx_of(const ms_backend *be)
 
 /* Blocks for n items at `threads` per block, capped so the grid stays legal;
  * kernels use grid-stride loops. */
+/* Byte counts rounded up to the arenas' 256-byte alignment. */
+static inline size_t cuda_align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
+
 static inline unsigned cuda_blocks(size_t n, unsigned threads)
 {
     size_t b = (n + threads - 1) / threads;

@@ -126,6 +126,58 @@ extern "C" ms_status cuda_copy_d2h(ms_cuda_ctx *cu, void *dst, const void *src, 
     return MS_OK;
 }
 
+extern "C" ms_status cuda_fill_bytes(ms_cuda_ctx *cu, void *dst, int value, size_t bytes)
+{
+    if (bytes == 0) return MS_OK;
+    CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, cu->stream));
+    return MS_OK;
+}
+
+extern "C" void cuda_query_versions(ms_cuda_versions *v)
+{
+    memset(v, 0, sizeof *v);
+    if (cudaDriverGetVersion(&v->driver) != cudaSuccess) v->driver = 0;
+    if (cudaRuntimeGetVersion(&v->runtime) != cudaSuccess) v->runtime = 0;
+    v->runtime_build = CUDART_VERSION;
+    int major = 0, minor = 0, patch = 0;
+    if (cublasGetProperty(MAJOR_VERSION, &major) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(MINOR_VERSION, &minor) == CUBLAS_STATUS_SUCCESS &&
+        cublasGetProperty(PATCH_LEVEL, &patch) == CUBLAS_STATUS_SUCCESS)
+        v->cublas = major * 10000 + minor * 100 + patch;
+    v->cudnn = (int)cudnnGetVersion();
+    v->cudnn_build = CUDNN_VERSION;
+    if (v->driver == 0) {
+        v->devices = 0;
+        snprintf(v->device_error, sizeof v->device_error, "no CUDA driver (libcuda) found");
+        return;
+    }
+    cudaError_t e = cudaGetDeviceCount(&v->devices);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        v->devices = -1;
+        snprintf(v->device_error, sizeof v->device_error, "%s", cudaGetErrorString(e));
+    } else if (v->devices == 0) {
+        snprintf(v->device_error, sizeof v->device_error, "the driver sees no CUDA device");
+    }
+}
+
+extern "C" ms_status cuda_query_device(int i, char *name, int *cc_major, int *cc_minor,
+                                       size_t *total_bytes)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || i < 0 || i >= count) {
+        (void)cudaGetLastError();
+        return ms_error(MS_ERR_UNSUPPORTED, "CUDA device %d: not present", i);
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, i));
+    snprintf(name, 256, "%s", prop.name);
+    *cc_major = prop.major;
+    *cc_minor = prop.minor;
+    *total_bytes = prop.totalGlobalMem;
+    return MS_OK;
+}
+
 extern "C" ms_status cuda_sync(ms_cuda_ctx *cu)
 {
     CUDA_CHECK(cudaStreamSynchronize(cu->stream));

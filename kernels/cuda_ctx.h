@@ -31,9 +31,26 @@ ms_status cuda_ctx_forget_weights(ms_cuda_ctx *cu);
 /* "NVIDIA H200 (sm_90, 139 GiB)". */
 const char *cuda_ctx_name(const ms_cuda_ctx *cu);
 
+/* What the machine offers, for `mitaseg doctor` and the device check; works
+ * without a GPU. Versions are as the libraries encode them (driver and
+ * runtime 12040 = 12.4; cuBLAS 130100 = 13.1.0; cuDNN 91300 = 9.13.0),
+ * 0 where unknown (no libcuda: driver 0). cudnn_build is cuDNN's version
+ * this program was compiled against; cudnn the loaded library's. */
+typedef struct {
+    int driver, runtime, runtime_build, cublas, cudnn, cudnn_build;
+    int devices;            /* -1: the count failed (device_error says why) */
+    char device_error[160];
+} ms_cuda_versions;
+void cuda_query_versions(ms_cuda_versions *v);
+/* GPU i: name, compute capability, memory. MS_ERR_UNSUPPORTED past the count. */
+ms_status cuda_query_device(int i, char *name /* (256) */, int *cc_major, int *cc_minor,
+                            size_t *total_bytes);
+
 /* Asynchronous copies on the context's stream. */
 ms_status cuda_copy_h2d(ms_cuda_ctx *cu, void *dst, const void *src, size_t bytes);
 ms_status cuda_copy_d2h(ms_cuda_ctx *cu, void *dst, const void *src, size_t bytes);
+/* Fills bytes with the byte value on the stream (0xFF: NaN floats, -1 ints). */
+ms_status cuda_fill_bytes(ms_cuda_ctx *cu, void *dst, int value, size_t bytes);
 /* Waits for the stream; reports any asynchronous kernel error. */
 ms_status cuda_sync(ms_cuda_ctx *cu);
 

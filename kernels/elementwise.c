@@ -75,3 +75,26 @@ void normalize_pad_cpu(float *out, const float *in, int h, int w, int hp, int wp
         }
     }
 }
+
+void window_add_cpu(float *acc, const float *win, int c, int h, int w, int wh, int ww, int y0,
+                    int x0, bool first)
+{
+    if (first) memset(acc, 0, (size_t)c * h * w * sizeof(float));
+    for (int ch = 0; ch < c; ch++)
+        for (int y = 0; y < wh; y++) {
+            float *dst = acc + ((size_t)ch * h + y0 + y) * w + x0;
+            const float *src = win + ((size_t)ch * wh + y) * ww;
+            for (int x = 0; x < ww; x++) dst[x] += src[x];
+        }
+}
+
+void window_average_cpu(float *acc, int c, int h, int w, int wh, int ww, int sh, int sw)
+{
+    for (int y = 0; y < h; y++) {
+        int cy = slide_count(y, h, wh, sh);
+        for (int x = 0; x < w; x++) {
+            float cnt = (float)(cy * slide_count(x, w, ww, sw));
+            for (int ch = 0; ch < c; ch++) acc[((size_t)ch * h + y) * w + x] /= cnt;
+        }
+    }
+}

@@ -16,9 +16,54 @@ extern "C" ms_status add_cuda(ms_backend *be, float *out, const float *a, const 
                               size_t n)
 {
     if (n == 0) return MS_OK;
-    add_kernel<<<cuda_blocks(n, EW_THREADS), EW_THREADS, 0, cuda_ctx_of(be)->stream>>>(out, a, b,
-                                                                                       n);
+    MS_LAUNCH(add_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, cuda_ctx_of(be)->stream)(out,
+        a, b, n);
     CUDA_CHECK_LAUNCH("add_kernel");
+    return MS_OK;
+}
+
+__global__ void window_add_kernel(float *acc, const float *win, int c, int h, int w, int wh,
+                                  int ww, int y0, int x0, bool first)
+{
+    size_t n = first ? (size_t)c * h * w : (size_t)c * wh * ww;
+    CUDA_FOR(i, n) {
+        if (first) { /* every acc element: the window's value inside it, else 0 */
+            int x = (int)(i % w), y = (int)(i / w % h), ch = (int)(i / ((size_t)w * h));
+            bool in = y >= y0 && y < y0 + wh && x >= x0 && x < x0 + ww;
+            acc[i] = in ? win[((size_t)ch * wh + y - y0) * ww + x - x0] : 0.0f;
+        } else {
+            int x = (int)(i % ww), y = (int)(i / ww % wh), ch = (int)(i / ((size_t)ww * wh));
+            acc[((size_t)ch * h + y0 + y) * w + x0 + x] += win[i];
+        }
+    }
+}
+
+extern "C" ms_status window_add_cuda(ms_backend *be, float *acc, const float *win, int c, int h,
+                                     int w, int wh, int ww, int y0, int x0, bool first)
+{
+    size_t n = first ? (size_t)c * h * w : (size_t)c * wh * ww;
+    MS_LAUNCH(window_add_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0, cuda_ctx_of(be)->stream)(
+        acc, win, c, h, w, wh, ww, y0, x0, first);
+    CUDA_CHECK_LAUNCH("window_add_kernel");
+    return MS_OK;
+}
+
+__global__ void window_average_kernel(float *acc, int c, int h, int w, int wh, int ww, int sh,
+                                      int sw)
+{
+    CUDA_FOR(i, (size_t)c * h * w) {
+        int x = (int)(i % w), y = (int)(i / w % h);
+        acc[i] /= (float)(slide_count(y, h, wh, sh) * slide_count(x, w, ww, sw));
+    }
+}
+
+extern "C" ms_status window_average_cuda(ms_backend *be, float *acc, int c, int h, int w, int wh,
+                                         int ww, int sh, int sw)
+{
+    size_t n = (size_t)c * h * w;
+    MS_LAUNCH(window_average_kernel, cuda_blocks(n, EW_THREADS), EW_THREADS, 0,
+              cuda_ctx_of(be)->stream)(acc, c, h, w, wh, ww, sh, sw);
+    CUDA_CHECK_LAUNCH("window_average_kernel");
     return MS_OK;
 }
 
@@ -46,7 +91,7 @@ extern "C" ms_status transpose_cuda(ms_backend *be, float *out, const float *in,
     if ((rows + 31) / 32 > 65535)
         return ms_error(MS_ERR_UNSUPPORTED, "transpose_cuda: %d rows", rows);
     dim3 grid((unsigned)((cols + 31) / 32), (unsigned)((rows + 31) / 32)), block(32, 8);
-    transpose_kernel<<<grid, block, 0, cuda_ctx_of(be)->stream>>>(out, in, rows, cols);
+    MS_LAUNCH(transpose_kernel, grid, block, 0, cuda_ctx_of(be)->stream)(out, in, rows, cols);
     CUDA_CHECK_LAUNCH("transpose_kernel");
     return MS_OK;
 }
@@ -73,7 +118,7 @@ extern "C" ms_status softmax_rows_cuda(ms_backend *be, float *x, int rows, int c
 {
     if (rows <= 0 || cols <= 0) return MS_OK;
     unsigned threads = cols >= 1024 ? 512 : (cols >= 256 ? 256 : 64);
-    softmax_rows_kernel<<<(unsigned)rows, threads, 0, cuda_ctx_of(be)->stream>>>(x, cols);
+    MS_LAUNCH(softmax_rows_kernel, (unsigned)rows, threads, 0, cuda_ctx_of(be)->stream)(x, cols);
     CUDA_CHECK_LAUNCH("softmax_rows_kernel");
     return MS_OK;
 }
@@ -96,8 +141,8 @@ extern "C" ms_status crop_cuda(ms_backend *be, float *out, const float *in, int 
     if (total <= 0) return MS_OK;
     if (ho > h || wo > w)
         return ms_error(MS_ERR_ARG, "crop_cuda: %dx%d window out of %dx%d", ho, wo, h, w);
-    crop_kernel<<<cuda_blocks((size_t)total, EW_THREADS), EW_THREADS, 0,
-                  cuda_ctx_of(be)->stream>>>(out, in, h, w, ho, wo, total);
+    MS_LAUNCH(crop_kernel, cuda_blocks((size_t)total, EW_THREADS), EW_THREADS, 0,
+              cuda_ctx_of(be)->stream)(out, in, h, w, ho, wo, total);
     CUDA_CHECK_LAUNCH("crop_kernel");
     return MS_OK;
 }
@@ -115,8 +160,8 @@ extern "C" ms_status argmax_cuda(ms_backend *be, uint8_t *out, const float *in, 
     long long plane = (long long)h * w;
     if (plane <= 0 || c <= 0) return MS_OK;
     if (c > 256) return ms_error(MS_ERR_ARG, "argmax_cuda: %d classes do not fit a byte", c);
-    argmax_kernel<<<cuda_blocks((size_t)plane, EW_THREADS), EW_THREADS, 0,
-                    cuda_ctx_of(be)->stream>>>(out, in, c, plane);
+    MS_LAUNCH(argmax_kernel, cuda_blocks((size_t)plane, EW_THREADS), EW_THREADS, 0,
+              cuda_ctx_of(be)->stream)(out, in, c, plane);
     CUDA_CHECK_LAUNCH("argmax_kernel");
     return MS_OK;
 }
@@ -149,8 +194,8 @@ extern "C" ms_status normalize_pad_cuda(ms_backend *be, float *out, const float 
         nm.mean[i] = mean[i];
         nm.stdv[i] = stdv[i];
     }
-    normalize_pad_kernel<<<cuda_blocks((size_t)total, EW_THREADS), EW_THREADS, 0,
-                           cuda_ctx_of(be)->stream>>>(out, in, h, w, hp, wp, nm);
+    MS_LAUNCH(normalize_pad_kernel, cuda_blocks((size_t)total, EW_THREADS), EW_THREADS, 0,
+              cuda_ctx_of(be)->stream)(out, in, h, w, hp, wp, nm);
     CUDA_CHECK_LAUNCH("normalize_pad_kernel");
     return MS_OK;
 }

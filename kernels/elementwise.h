@@ -47,10 +47,40 @@ MS_HD int argmax_first(const float *x, int n, long stride)
 /* Image normalisation of one value, as torchvision Normalize. */
 MS_HD float normalize_value(float x, float mean, float stdv) { return (x - mean) / stdv; }
 
+/* Sliding windows along an axis of length len (mmseg's slide_inference):
+ * windows of win (or the whole axis when shorter) at 0, stride, 2*stride,
+ * ..., the last moved back flush with the end. */
+MS_HD int slide_windows(int len, int win, int stride)
+{
+    return len <= win ? 1 : (len - win + stride - 1) / stride + 1;
+}
+MS_HD int slide_start(int i, int len, int win, int stride)
+{
+    int s = i * stride;
+    if (len <= win) return 0;
+    return s + win > len ? len - win : s;
+}
+/* How many windows cover position y. */
+MS_HD int slide_count(int y, int len, int win, int stride)
+{
+    int n = slide_windows(len, win, stride), cnt = 0, w = len < win ? len : win;
+    for (int i = 0; i < n; i++) {
+        int s = slide_start(i, len, win, stride);
+        cnt += s <= y && y < s + w;
+    }
+    return cnt;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* acc (c, h, w) += win (c, wh, ww) placed at (y0, x0); first: acc is set to
+ * win there and to 0 elsewhere (mmseg: preds = 0; preds += pad(window)). */
+void window_add_cpu(float *acc, const float *win, int c, int h, int w, int wh, int ww, int y0,
+                    int x0, bool first);
+/* acc /= number of windows (wh x ww, strides sh, sw) covering each pixel. */
+void window_average_cpu(float *acc, int c, int h, int w, int wh, int ww, int sh, int sw);
 void add_cpu(float *out /* (n) */, const float *a /* (n) */, const float *b /* (n) */, size_t n);
 void transpose_cpu(float *out /* (cols, rows) */, const float *in /* (rows, cols) */, int rows,
                    int cols);
@@ -63,6 +93,10 @@ void normalize_pad_cpu(float *out /* (3, hp, wp) */, const float *in /* (3, h, w
                        int w, int hp, int wp, const float mean[3], const float stdv[3]);
 
 #ifdef MS_HAVE_CUDA
+ms_status window_add_cuda(ms_backend *be, float *acc, const float *win, int c, int h, int w,
+                          int wh, int ww, int y0, int x0, bool first);
+ms_status window_average_cuda(ms_backend *be, float *acc, int c, int h, int w, int wh, int ww,
+                              int sh, int sw);
 ms_status add_cuda(ms_backend *be, float *out /* (n) */, const float *a /* (n) */,
                    const float *b /* (n) */, size_t n);
 ms_status transpose_cuda(ms_backend *be, float *out /* (cols, rows) */,

@@ -32,8 +32,8 @@ extern "C" ms_status layernorm_cuda(ms_backend *be, float *out, const float *in,
 {
     if (n <= 0 || c <= 0) return MS_OK;
     unsigned rows_per_block = LN_THREADS / 32;
-    layernorm_kernel<<<(unsigned)((n + rows_per_block - 1) / rows_per_block), LN_THREADS, 0,
-                       cuda_ctx_of(be)->stream>>>(out, in, w, b, n, c, eps);
+    MS_LAUNCH(layernorm_kernel, (unsigned)((n + rows_per_block - 1) / rows_per_block), LN_THREADS,
+              0, cuda_ctx_of(be)->stream)(out, in, w, b, n, c, eps);
     CUDA_CHECK_LAUNCH("layernorm_kernel");
     return MS_OK;
 }

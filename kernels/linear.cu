@@ -20,12 +20,10 @@ static cublasComputeType_t gemm_compute(bool fp32)
 /* Operand type of the linear GEMM: FP32 in FP32 mode, else BF16 bits. */
 static cudaDataType_t linear_operand_type(bool fp32) { return fp32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-static size_t align256(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
-
 extern "C" size_t linear_cuda_scratch_bytes(int n, int cin, bool fp32)
 {
     if (fp32 || n <= 0 || cin <= 0) return 0;
-    return align256((size_t)n * (size_t)cin * sizeof(uint16_t));
+    return cuda_align256((size_t)n * (size_t)cin * sizeof(uint16_t));
 }
 
 __global__ void f32_to_bf16_kernel(uint16_t *out, const float *in, long long total)
@@ -36,7 +34,8 @@ __global__ void f32_to_bf16_kernel(uint16_t *out, const float *in, long long tot
 static ms_status f32_to_bf16(ms_cuda_ctx *cu, uint16_t *out, const float *in, long long total)
 {
     if (total == 0) return MS_OK;
-    f32_to_bf16_kernel<<<cuda_blocks((size_t)total, 256), 256, 0, cu->stream>>>(out, in, total);
+    MS_LAUNCH(f32_to_bf16_kernel, cuda_blocks((size_t)total, 256), 256, 0, cu->stream)(out, in,
+        total);
     CUDA_CHECK_LAUNCH("f32_to_bf16");
     return MS_OK;
 }
@@ -94,7 +93,7 @@ static ms_status bf16_weight_get(ms_cuda_ctx *cu, const uint16_t **out, const fl
     }
     long long total = (long long)rows * cols;
     uint8_t *dev = NULL;
-    MS_TRY(cuda_arena_alloc_storage(&dev, align256((size_t)total * sizeof(uint16_t))));
+    MS_TRY(cuda_arena_alloc_storage(&dev, cuda_align256((size_t)total * sizeof(uint16_t))));
     /* enqueued after whatever wrote w on this stream (the weight upload) */
     ms_status st = f32_to_bf16(cu, (uint16_t *)dev, w, total);
     if (st != MS_OK) {
@@ -125,8 +124,8 @@ static ms_status bias_act(ms_cuda_ctx *cu, float *out, const float *b, long long
 {
     long long total = rows * cols;
     if (total == 0 || (!b && act == MS_ACT_NONE)) return MS_OK;
-    bias_act_kernel<<<cuda_blocks((size_t)total, 256), 256, 0, cu->stream>>>(out, b, total, cols,
-                                                                           (int)act);
+    MS_LAUNCH(bias_act_kernel, cuda_blocks((size_t)total, 256), 256, 0, cu->stream)(out, b, total,
+        cols, (int)act);
     CUDA_CHECK_LAUNCH("bias_act");
     return MS_OK;
 }

@@ -35,6 +35,21 @@ MS_HD uint16_t bf16_from_f32(float x)
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* x rounded to BF16 and back (the value a BF16 tensor-core operand has). */
+MS_HD float bf16_round(float x)
+{
+    return ms_bits_float((uint32_t)bf16_from_f32(x) << 16);
+}
+
+/* x rounded to TF32 (10 mantissa bits), to nearest, ties away from zero, as
+ * the hardware conversion cvt.rna.tf32.f32; infinities and NaNs unchanged. */
+MS_HD float tf32_round(float x)
+{
+    uint32_t u = ms_float_bits(x);
+    if ((u & 0x7F800000u) != 0x7F800000u) u = (u + 0x1000u) & 0xFFFFE000u;
+    return ms_bits_float(u);
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -16,7 +16,7 @@
 
 void mita_clamp(int *gh, int *gw, int *k, int hp, int wp, const ms_mita_params *p)
 {
-    int n = hp * wp;
+    int n = p->ncls + hp * wp;
     *gh = p->gh < 1 ? 1 : (p->gh > hp ? hp : p->gh);
     *gw = p->gw < 1 ? 1 : (p->gw > wp ? wp : p->gw);
     *k = p->topk < 1 ? 1 : (p->topk > n ? n : p->topk);
@@ -56,10 +56,11 @@ static size_t mita_layout(mita_ws *w, void *base, int n, int c, int heads, int m
     return off;
 }
 
-size_t mita_scratch_bytes(int hp, int wp, int c, int heads, int gh, int gw, int k, int chunks)
+size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, int gw, int k,
+                          int chunks)
 {
     mita_ws w;
-    return mita_layout(&w, NULL, hp * wp, c, heads, gh * gw, k, chunks);
+    return mita_layout(&w, NULL, ncls + hp * wp, c, heads, gh * gw, k, chunks);
 }
 
 /* The heap keeps the k best seen so far with the worst at the root. */
@@ -105,7 +106,8 @@ static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n
     }
 }
 
-/* L = adaptive average pool of q (all c channels) to (gh, gw). */
+/* L = adaptive average pool of q (all c channels) to (gh, gw); qkv: the grid
+ * tokens only (spec 2.7: the class token is not pooled). */
 static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp*wp, 3c) */,
                            int hp, int wp, int c, int gh, int gw)
 {
@@ -131,7 +133,7 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp
  * logits (two partial softmaxes merged), output and record. The d-loops are
  * marked simd: -O2 does not vectorise them otherwise (they dominate). */
 static void mita_queries(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
-                         const mita_ws *w, int n, int c, int heads,
+                         const mita_ws *w, int n, int ncls, int c, int heads,
                          int h, int m, int k, bool shared_scale_d, const ms_mita_record *rec,
                          float *buf /* (max(m, k) + d) */, int n0, int n1)
 {
@@ -181,18 +183,19 @@ static void mita_queries(float *out /* (n, c) */, const float *qkv /* (n, 3c) */
         softmax_merge(&mm, &l, &c_a, &c_b, m_a, l_a, m_b, l_b);
         float inv = 1.0f / l;
         for (int j = 0; j < d; j++) acc_a[j] = (acc_a[j] * c_a + acc_b[j] * c_b) * inv;
-        if (rec && rec->route) rec->route[(size_t)h * n + qi] = e;
-        if (rec && rec->shared_mass) rec->shared_mass[(size_t)h * n + qi] = l_a * c_a * inv;
+        size_t at = (size_t)h * n + mita_report_pos(qi, ncls, n);
+        if (rec && rec->route) rec->route[at] = e;
+        if (rec && rec->shared_mass) rec->shared_mass[at] = l_a * c_a * inv;
     }
 }
 
-void mita_cpu(float *out, const float *qkv, int hp, int wp, int c, int heads, int gh, int gw,
-              int k, bool shared_scale_d, const ms_mita_record *rec, void *ws, int chunks)
+void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int heads, int gh,
+              int gw, int k, bool shared_scale_d, const ms_mita_record *rec, void *ws, int chunks)
 {
-    int n = hp * wp, m = gh * gw, d = c / heads, ld = 3 * c;
+    int n = ncls + hp * wp, m = gh * gw, d = c / heads, ld = 3 * c;
     mita_ws w;
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
-    mita_landmarks(w.land, qkv, hp, wp, c, gh, gw);
+    mita_landmarks(w.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw);
     float s = mita_scale(d);
     int cf = chunk_floats(m, k, d);
 
@@ -228,8 +231,10 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int c, int heads, in
                 float *row = w.scores + (size_t)mi * n;
                 int32_t *idx = w.idx + (size_t)mi * k;
                 topk_row(idx, row, n, k);
-                if (rec && rec->topk_idx)
-                    memcpy(rec->topk_idx + ((size_t)h * m + mi) * k, idx, (size_t)k * sizeof(int32_t));
+                if (rec && rec->topk_idx) {
+                    int32_t *dst = rec->topk_idx + ((size_t)h * m + mi) * k;
+                    for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
+                }
                 float mx = row[argmax_first(row, n, 1)] * s;
                 float sum = 0.0f;
                 for (int j = 0; j < n; j++) {
@@ -250,7 +255,8 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int c, int heads, in
             if (n1 > n0) {
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, m, d, 1.0f,
                             qh + (size_t)n0 * ld, ld, lh, c, 0.0f, w.scores + (size_t)n0 * m, m);
-                mita_queries(out, qkv, &w, n, c, heads, h, m, k, shared_scale_d, rec, buf, n0, n1);
+                mita_queries(out, qkv, &w, n, ncls, c, heads, h, m, k, shared_scale_d, rec, buf, n0,
+                             n1);
             }
 #pragma omp barrier /* the next head's probe overwrites R */
         }

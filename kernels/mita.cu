@@ -31,38 +31,39 @@
 /* Scratch layout (offsets in bytes, each part 256-aligned). */
 struct mita_layout {
     size_t land, probe, route_s, sv, idx, route, counts, cursor, starts, chunks, order, cand;
+    size_t mass; /* shared mass in sequence order, before mita_report_pos */
     size_t part; /* split-N partial summaries */
     size_t total;
 };
-
-static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static mita_layout mita_plan(int n, int c, int heads, int m, int k)
 {
     mita_layout L;
     size_t o = 0;
     size_t hm = (size_t)heads * m, hn = (size_t)heads * n;
-    L.land = o;    o += al256((size_t)m * c * sizeof(float));
-    L.probe = o;   o += al256(hm * n * sizeof(float));
-    L.route_s = o; o += al256(hn * m * sizeof(float));
-    L.sv = o;      o += al256((size_t)m * c * sizeof(float));
-    L.idx = o;     o += al256(hm * k * sizeof(int32_t));
-    L.route = o;   o += al256(hn * sizeof(int32_t));
-    L.counts = o;  o += al256(hm * sizeof(int));
-    L.cursor = o;  o += al256(hm * sizeof(int));
-    L.starts = o;  o += al256(hm * sizeof(int));
-    L.chunks = o;  o += al256((hm + 1) * sizeof(int));
-    L.order = o;   o += al256(hn * sizeof(int));
-    L.cand = o;    o += k > MS_TOPK_SMEM ? al256(hm * k * sizeof(uint64_t)) : 0;
+    L.land = o;    o += cuda_align256((size_t)m * c * sizeof(float));
+    L.probe = o;   o += cuda_align256(hm * n * sizeof(float));
+    L.route_s = o; o += cuda_align256(hn * m * sizeof(float));
+    L.sv = o;      o += cuda_align256((size_t)m * c * sizeof(float));
+    L.idx = o;     o += cuda_align256(hm * k * sizeof(int32_t));
+    L.route = o;   o += cuda_align256(hn * sizeof(int32_t));
+    L.counts = o;  o += cuda_align256(hm * sizeof(int));
+    L.cursor = o;  o += cuda_align256(hm * sizeof(int));
+    L.starts = o;  o += cuda_align256(hm * sizeof(int));
+    L.chunks = o;  o += cuda_align256((hm + 1) * sizeof(int));
+    L.order = o;   o += cuda_align256(hn * sizeof(int));
+    L.mass = o;    o += cuda_align256(hn * sizeof(float));
+    L.cand = o;    o += k > MS_TOPK_SMEM ? cuda_align256(hm * k * sizeof(uint64_t)) : 0;
     size_t nch = ((size_t)n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
-    L.part = o;    o += nch > 1 ? al256(hm * nch * (c / heads) * sizeof(float)) : 0;
+    L.part = o;    o += nch > 1 ? cuda_align256(hm * nch * (c / heads) * sizeof(float)) : 0;
     L.total = o;
     return L;
 }
 
-extern "C" size_t mita_cuda_scratch_bytes(int hp, int wp, int c, int heads, int gh, int gw, int k)
+extern "C" size_t mita_cuda_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh,
+                                          int gw, int k)
 {
-    return mita_plan(hp * wp, c, heads, gh * gw, k).total;
+    return mita_plan(ncls + hp * wp, c, heads, gh * gw, k).total;
 }
 
 /* ---- kernels ---- */
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(MITA_TOPK_THREADS)
     topk_kernel(int32_t *idx_out /* (rows, k) */, uint64_t *gcand /* (rows, k) or NULL */,
                 const float *probe /* (rows, n) */, int n, int k)
 {
-    extern __shared__ uint64_t s_cand[];
+    MS_SHARED_DYN(uint64_t, s_cand);
     __shared__ unsigned hist[256];
     __shared__ int s_digit, s_need;
     __shared__ int s_wa[33], s_wb[33];
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
                   int mt, int kt, float s, float sh_scale)
 {
     const int d = DT > 0 ? DT : d_rt;
-    extern __shared__ float smem[];
+    MS_SHARED_DYN(float, smem);
     float *sv = smem;                     /* (mt, d) */
     float *ks = sv + (size_t)mt * d;      /* (kt, d) */
     float *vs = ks + (size_t)kt * d;      /* (kt, d) */
@@ -315,7 +316,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
     float mx, l;
     osm_init(&mx, &l, acc, d);
     if (qi >= 0) {
-        const float *qr = qkv + (size_t)qi * c3 + (size_t)h * d;
+        const float *qr = qkv + mita_qkv_index(qi, (int)c3, (long)h * d);
         MS_UNROLL
         for (int i = 0; i < d; i++) q[i] = qr[i];
     }
@@ -337,7 +338,7 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
         __syncthreads(); /* the previous tile is consumed */
         for (int i = tid; i < nt * d; i += blockDim.x) {
             int j = i / d, ch = i - j * d;
-            const float *row = qkv + (size_t)ids[t0 + j] * c3 + (size_t)h * d + ch;
+            const float *row = qkv + mita_qkv_index(ids[t0 + j], (int)c3, (long)h * d + ch);
             ks[i] = row[c];
             vs[i] = row[2 * (size_t)c];
         }
@@ -347,6 +348,27 @@ __global__ void __launch_bounds__(MITA_ROUTED_QB)
     if (qi >= 0)
         osm_finish(out + (size_t)qi * c + (size_t)h * d, mass ? mass + (size_t)h * n + qi : NULL,
                    mx, l, m_sh, l_sh, acc, d);
+}
+
+/* With a class token the kernels work in sequence order (class token at 0);
+ * the records number it N, after the grid (spec 2.7, mita_report_pos). */
+__global__ void record_report_kernel(ms_mita_record rec, const int32_t *idx /* (heads, m, k) */,
+                                     const int32_t *route /* (heads, n) */,
+                                     const float *mass /* (heads, n) */, int heads, int n,
+                                     int mk, int ncls)
+{
+    long n_idx = (long)heads * mk, total = n_idx + (long)heads * n;
+    for (long t = blockIdx.x * (long)blockDim.x + threadIdx.x; t < total;
+         t += (long)gridDim.x * blockDim.x) {
+        if (t < n_idx) {
+            if (rec.topk_idx) rec.topk_idx[t] = mita_report_pos(idx[t], ncls, n);
+            continue;
+        }
+        long u = t - n_idx, h = u / n;
+        size_t at = (size_t)h * n + mita_report_pos((int)(u - h * n), ncls, n);
+        if (rec.route) rec.route[at] = route[u];
+        if (rec.shared_mass) rec.shared_mass[at] = mass[u];
+    }
 }
 
 /* ---- host ---- */
@@ -388,25 +410,27 @@ static ms_status launch_routed(ms_cuda_ctx *cu, unsigned grid, size_t smem, floa
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(routed_kernel<DT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    routed_kernel<DT><<<grid, MITA_ROUTED_QB, smem, cu->stream>>>(
-        out, mass, qkv, rs, sv, idx, order, starts, counts, chunks, heads, n, m, c, d, k, mt, kt,
-        s, sh);
+    MS_LAUNCH(routed_kernel<DT>, grid, MITA_ROUTED_QB, smem, cu->stream)(out, mass, qkv, rs, sv,
+        idx, order, starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     CUDA_CHECK_LAUNCH("routed_kernel");
     return MS_OK;
 }
 
 extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int hp, int wp,
-                               int c, int heads, int gh, int gw, int k, bool shared_scale_d,
-                               const ms_mita_record *rec, void *ws)
+                               int ncls, int c, int heads, int gh, int gw, int k,
+                               bool shared_scale_d, const ms_mita_record *rec, void *ws)
 {
     ms_cuda_ctx *cu = cuda_ctx_of(be);
-    const int n = hp * wp, m = gh * gw, d = heads > 0 ? c / heads : 0;
+    const int n = ncls + hp * wp, m = gh * gw, d = heads > 0 ? c / heads : 0;
     if (n <= 0 || heads <= 0 || d * heads != c || m <= 0 || k <= 0 || k > n)
         return ms_error(MS_ERR_ARG, "mita_cuda: bad sizes n=%d c=%d heads=%d m=%d k=%d", n, c,
                         heads, m, k);
     if (d > MS_MITA_DMAX)
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: head dim %d > %d", d, MS_MITA_DMAX);
-    if ((size_t)n * 3 * c > (size_t)INT32_MAX || (size_t)heads * m * n > ((size_t)1 << 40))
+    /* Indexing is 64-bit (mita_qkv_index, size_t offsets, cuBLAS strides as
+     * long long), so n * 3c may pass 2^31; what stays bounded is the M x N
+     * probe and routing matrices per head. */
+    if ((size_t)heads * m * n > ((size_t)1 << 40))
         return ms_error(MS_ERR_UNSUPPORTED, "mita_cuda: n=%d too large", n);
 
     /* Routed tile: as many keys (up to 64) as fit next to the summaries in
@@ -442,13 +466,15 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     float *probe = (float *)(base + L.probe);
     float *rs = (float *)(base + L.route_s);
     float *sv = (float *)(base + L.sv);
-    int32_t *idx = rec && rec->topk_idx ? rec->topk_idx : (int32_t *)(base + L.idx);
-    int32_t *route = rec && rec->route ? rec->route : (int32_t *)(base + L.route);
+    /* with a class token the records are renumbered at the end, from scratch */
+    const ms_mita_record *direct = ncls ? NULL : rec;
+    int32_t *idx = direct && direct->topk_idx ? direct->topk_idx : (int32_t *)(base + L.idx);
+    int32_t *route = direct && direct->route ? direct->route : (int32_t *)(base + L.route);
     int *counts = (int *)(base + L.counts), *cursor = (int *)(base + L.cursor);
     int *starts = (int *)(base + L.starts), *chunks = (int *)(base + L.chunks);
     int *order = (int *)(base + L.order);
     uint64_t *cand = k > MS_TOPK_SMEM ? (uint64_t *)(base + L.cand) : NULL;
-    float *mass = rec ? rec->shared_mass : NULL;
+    float *mass = direct ? direct->shared_mass : rec ? (float *)(base + L.mass) : NULL;
     const float *qp = qkv, *kp = qkv + c, *vp = qkv + 2 * c;
     const int c3 = 3 * c;
     const float s = mita_scale(d), sh = mita_shared_scale(d, shared_scale_d);
@@ -456,7 +482,8 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
 
     MS_TRY(prof_mark(st, 0));
     /* 1. landmarks */
-    landmark_kernel<<<cuda_blocks((size_t)m * c, 256), 256, 0, st>>>(land, qkv, hp, wp, c, gh, gw);
+    MS_LAUNCH(landmark_kernel, cuda_blocks((size_t)m * c, 256), 256, 0, st)(
+        land, qkv + (size_t)ncls * c3, hp, wp, c, gh, gw);
     CUDA_CHECK_LAUNCH("landmark_kernel");
     MS_TRY(prof_mark(st, 1));
     /* 2. probe, per head: P_h (M x N row-major) = col-major (N x M) = K_h^T' L_h. */
@@ -465,12 +492,12 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     MS_TRY(prof_mark(st, 2));
     /* 3. routed sets */
     size_t tk_smem = k <= MS_TOPK_SMEM ? (size_t)next_pow2(k) * sizeof(uint64_t) : 0;
-    topk_kernel<<<heads * m, MITA_TOPK_THREADS, tk_smem, st>>>(idx, cand, probe, n, k);
+    MS_LAUNCH(topk_kernel, heads * m, MITA_TOPK_THREADS, tk_smem, st)(idx, cand, probe, n, k);
     CUDA_CHECK_LAUNCH("topk_kernel");
     MS_TRY(prof_mark(st, 3));
     /* 4. summaries: P <- softmax(P s), then Sv_h (M x d) = P_h V_h; col-major
      * (d x M) = V_h' (d x N, ld 3c) * P_h' (N x M, ld N). */
-    summary_softmax_kernel<<<heads * m, MITA_SOFTMAX_THREADS, 0, st>>>(probe, n, s);
+    MS_LAUNCH(summary_softmax_kernel, heads * m, MITA_SOFTMAX_THREADS, 0, st)(probe, n, s);
     CUDA_CHECK_LAUNCH("summary_softmax_kernel");
     MS_TRY(prof_mark(st, 4));
     const int nch = (n + MITA_SV_CHUNK - 1) / MITA_SV_CHUNK;
@@ -496,8 +523,8 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
                                          ph + (size_t)full * MITA_SV_CHUNK, n, 0, 0.0f,
                                          parth + (size_t)full * md, d, 0, 1));
         }
-        sv_reduce_kernel<<<cuda_blocks((size_t)heads * md, 256), 256, 0, st>>>(sv, part, heads,
-                                                                               nch, (int)md);
+        MS_LAUNCH(sv_reduce_kernel, cuda_blocks((size_t)heads * md, 256), 256, 0, st)(sv, part,
+            heads, nch, (int)md);
         CUDA_CHECK_LAUNCH("sv_reduce_kernel");
     }
     MS_TRY(prof_mark(st, 5));
@@ -507,13 +534,13 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
     MS_TRY(prof_mark(st, 6));
     /* 6. argmax routing and counting sort by expert */
     CUDA_CHECK(cudaMemsetAsync(counts, 0, (size_t)heads * m * sizeof(int), st));
-    route_kernel<<<cuda_blocks((size_t)heads * n, 256), 256, 0, st>>>(route, counts, rs, heads,
-                                                                      n, m);
+    MS_LAUNCH(route_kernel, cuda_blocks((size_t)heads * n, 256), 256, 0, st)(route, counts, rs,
+        heads, n, m);
     CUDA_CHECK_LAUNCH("route_kernel");
-    scan_kernel<<<1, 1, 0, st>>>(starts, chunks, cursor, counts, heads, m, MITA_ROUTED_QB);
+    MS_LAUNCH(scan_kernel, 1, 1, 0, st)(starts, chunks, cursor, counts, heads, m, MITA_ROUTED_QB);
     CUDA_CHECK_LAUNCH("scan_kernel");
-    scatter_kernel<<<cuda_blocks((size_t)heads * n, 256), 256, 0, st>>>(order, cursor, route,
-                                                                        starts, heads, n, m);
+    MS_LAUNCH(scatter_kernel, cuda_blocks((size_t)heads * n, 256), 256, 0, st)(order, cursor, route,
+        starts, heads, n, m);
     CUDA_CHECK_LAUNCH("scatter_kernel");
     MS_TRY(prof_mark(st, 7));
     /* 7. joint softmax per expert chunk; the grid bounds the chunk count:
@@ -534,6 +561,12 @@ extern "C" ms_status mita_cuda(ms_backend *be, float *out, const float *qkv, int
         rst = launch_routed<0>(cu, (unsigned)grid, smem, out, mass, qkv, rs, sv, idx, order,
                                starts, counts, chunks, heads, n, m, c, d, k, mt, kt, s, sh);
     MS_TRY(rst);
+    if (ncls && rec) {
+        size_t total = (size_t)heads * ((size_t)m * k + n);
+        MS_LAUNCH(record_report_kernel, cuda_blocks(total, 256), 256, 0, st)(
+            *rec, idx, route, mass, heads, n, m * k, ncls);
+        CUDA_CHECK_LAUNCH("record_report_kernel");
+    }
     MS_TRY(prof_mark(st, 8));
     return prof_finish();
 }

@@ -25,24 +25,30 @@ MS_HD float mita_shared_scale(int d, bool shared_scale_d)
 extern "C" {
 #endif
 
-/* Effective sizes after the defensive clamps: gh <= hp, gw <= wp, k <= n,
- * all >= 1. */
+/* Effective sizes after the defensive clamps: gh <= hp, gw <= wp,
+ * k <= n = p->ncls + hp*wp (the class token is a key too), all >= 1. */
 void mita_clamp(int *gh, int *gw, int *k, int hp, int wp, const ms_mita_params *p);
 
-/* Bytes of scratch for mita_cpu with `chunks` parallel query chunks. */
-size_t mita_scratch_bytes(int hp, int wp, int c, int heads, int gh, int gw, int k, int chunks);
+/* Recorded number of sequence position i (mita-spec 2.7): grid tokens
+ * 0..N-1 keep theirs, the class token (i < ncls) becomes N. */
+MS_HD int mita_report_pos(int i, int ncls, int n) { return i < ncls ? n - ncls + i : i - ncls; }
 
-/* Sizes already clamped (mita_clamp). ws: mita_scratch_bytes bytes. */
-void mita_cpu(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int hp, int wp, int c,
-              int heads, int gh, int gw, int k, bool shared_scale_d,
+/* Bytes of scratch for mita_cpu with `chunks` parallel query chunks. */
+size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, int gw, int k,
+                          int chunks);
+
+/* Sizes already clamped (mita_clamp). n = ncls + hp*wp tokens, the class
+ * token first. ws: mita_scratch_bytes bytes. */
+void mita_cpu(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int hp, int wp, int ncls,
+              int c, int heads, int gh, int gw, int k, bool shared_scale_d,
               const ms_mita_record *rec /* or NULL */, void *ws, int chunks);
 
 #ifdef MS_HAVE_CUDA
-size_t mita_cuda_scratch_bytes(int hp, int wp, int c, int heads, int gh, int gw, int k);
+size_t mita_cuda_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, int gw, int k);
 /* Sizes already clamped; rec pointers are device pointers. */
 ms_status mita_cuda(ms_backend *be, float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
-                    int hp, int wp, int c, int heads, int gh, int gw, int k, bool shared_scale_d,
-                    const ms_mita_record *rec /* or NULL */, void *ws);
+                    int hp, int wp, int ncls, int c, int heads, int gh, int gw, int k,
+                    bool shared_scale_d, const ms_mita_record *rec /* or NULL */, void *ws);
 #endif
 
 #ifdef __cplusplus

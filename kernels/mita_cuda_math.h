@@ -23,6 +23,13 @@
  * larger ones by rank in device memory. */
 #define MS_TOPK_SMEM 4096
 
+/* Index of channel ch of token t in qkv rows of c3 = 3c floats. 64-bit:
+ * n * 3c passes 2^31 from ViT-B (c = 768) at 932K tokens. */
+MS_HD size_t mita_qkv_index(long t, int c3, long ch)
+{
+    return (size_t)t * (size_t)c3 + (size_t)ch;
+}
+
 /* ---- landmarks: adaptive average pool of q over one window ---- */
 
 /* Landmark (gy, gx) of channel ch: mean of q over its pooling window.
@@ -34,7 +41,7 @@ MS_HD float mita_landmark_value(const float *qkv /* (hp*wp, 3c) */, int hp, int 
     int x0 = adaptive_pool_start(gx, wp, gw), x1 = adaptive_pool_end(gx, wp, gw);
     float sum = 0.0f;
     for (int y = y0; y < y1; y++)
-        for (int x = x0; x < x1; x++) sum += qkv[((long)y * wp + x) * c3 + ch];
+        for (int x = x0; x < x1; x++) sum += qkv[mita_qkv_index((long)y * wp + x, c3, ch)];
     return sum / (float)((y1 - y0) * (x1 - x0));
 }
 

@@ -81,6 +81,24 @@ static void scratch_give_back(ms_backend *be, op_scratch *s)
     s->ptr = NULL;
 }
 
+/* be->tc_round (CPU): dst = src with every element rounded to BF16 (bf16)
+ * or TF32, the operands a tensor-core GEMM sees. */
+static void tc_round_copy(float *dst, const float *src, size_t n, bool bf16)
+{
+    for (size_t i = 0; i < n; i++) dst[i] = bf16 ? bf16_round(src[i]) : tf32_round(src[i]);
+}
+
+/* CPU with be->tc_round: rounded copies of a GEMM's two operands in scratch
+ * (na + nb floats, taken and given back by the caller). */
+static void tc_round_operands(float *s, const float **a, size_t na, const float **b, size_t nb,
+                              bool bf16)
+{
+    tc_round_copy(s, *a, na, bf16);
+    tc_round_copy(s + na, *b, nb, bf16);
+    *a = s;
+    *b = s + na;
+}
+
 ms_status op_linear(ms_backend *be, float *out, const float *in, const float *w, const float *b,
                     int n, int cin, int cout, ms_act act, bool residual)
 {
@@ -88,8 +106,19 @@ ms_status op_linear(ms_backend *be, float *out, const float *in, const float *w,
         return BAD_SIZES(__func__, "n=%d cin=%d cout=%d", n, cin, cout);
     if (residual && act != MS_ACT_NONE)
         return ms_error(MS_ERR_ARG, "%s: a residual linear takes no activation", __func__);
-    if (be->device == MS_DEVICE_CPU) {
+    if (be->device == MS_DEVICE_CPU && !be->tc_round) {
         if (!be->dry_run) linear_cpu(out, in, w, b, n, cin, cout, act, residual);
+        return MS_OK;
+    }
+    if (be->device == MS_DEVICE_CPU) { /* tc_round: BF16 operands, as on CUDA */
+        size_t ni = (size_t)n * cin, nw = (size_t)cout * cin;
+        op_scratch s;
+        MS_TRY(scratch_take(be, &s, (ni + nw) * sizeof(float), __func__));
+        if (!be->dry_run) {
+            tc_round_operands((float *)s.ptr, &in, ni, &w, nw, true);
+            linear_cpu(out, in, w, b, n, cin, cout, act, residual);
+        }
+        scratch_give_back(be, &s);
         return MS_OK;
     }
     op_scratch s; /* CUDA: the input's BF16 copy outside FP32 mode */
@@ -191,24 +220,24 @@ ms_status op_mita(ms_backend *be, float *out, const float *qkv, int hp, int wp, 
                          hp, wp, c, heads);
     if ((long long)hp * wp > INT_MAX / 64)
         return BAD_SIZES(__func__, "hp=%d wp=%d: too many tokens", hp, wp);
-    if (p->gh <= 0 || p->gw <= 0 || p->topk <= 0)
-        return BAD_SIZES(__func__, "gh=%d gw=%d topk=%d", p->gh, p->gw, p->topk);
-    int gh, gw, k;
+    if (p->gh <= 0 || p->gw <= 0 || p->topk <= 0 || p->ncls < 0 || p->ncls > 1)
+        return BAD_SIZES(__func__, "gh=%d gw=%d topk=%d ncls=%d", p->gh, p->gw, p->topk, p->ncls);
+    int gh, gw, k, nc = p->ncls;
     mita_clamp(&gh, &gw, &k, hp, wp, p); /* the caller clamps too; be defensive */
     int chunks = cpu_chunks(be);
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(mita_cuda_scratch_bytes(hp, wp, c, heads, gh, gw, k))
-                       : mita_scratch_bytes(hp, wp, c, heads, gh, gw, k, chunks);
+                       ? CUDA_BYTES(mita_cuda_scratch_bytes(hp, wp, nc, c, heads, gh, gw, k))
+                       : mita_scratch_bytes(hp, wp, nc, c, heads, gh, gw, k, chunks);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
     if (!be->dry_run) {
         if (be->device == MS_DEVICE_CPU)
-            mita_cpu(out, qkv, hp, wp, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
+            mita_cpu(out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
                      chunks);
         else {
 #ifdef MS_HAVE_CUDA
-            st = mita_cuda(be, out, qkv, hp, wp, c, heads, gh, gw, k, p->shared_scale_d, rec,
+            st = mita_cuda(be, out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec,
                            s.ptr);
 #else
             st = no_cuda(__func__);
@@ -244,16 +273,22 @@ ms_status op_conv2d(ms_backend *be, float *out, const float *in, const float *w,
         return BAD_SIZES(__func__, "%dx%d input, %dx%d kernel, stride %d, pad %d: output %dx%d",
                          h, wd, kh, kw, stride, pad, ho, wo);
     size_t floats = conv2d_scratch_floats(ci, h, wd, co, kh, kw, stride, pad);
+    /* tc_round: TF32 copies of input and weights after the conv's own scratch */
+    size_t ni = (size_t)ci * h * wd, nw = (size_t)co * ci * kh * kw;
+    size_t tc = be->device == MS_DEVICE_CPU && be->tc_round ? ni + nw : 0;
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(conv2d_cuda_scratch_bytes(ci, h, wd, co, kh, kw, stride, pad))
-                       : floats * sizeof(float);
+                       ? CUDA_BYTES(conv2d_cuda_scratch_bytes(ci, h, wd, co, kh, kw, stride, pad,
+                                                              be->fp32))
+                       : (floats + tc) * sizeof(float);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
     if (!be->dry_run) {
-        if (be->device == MS_DEVICE_CPU)
+        if (be->device == MS_DEVICE_CPU) {
+            if (tc) tc_round_operands((float *)s.ptr + floats, &in, ni, &w, nw, false);
             conv2d_cpu(out, in, w, b, ci, h, wd, co, kh, kw, stride, pad, act, (float *)s.ptr,
                        floats);
+        }
         else {
 #ifdef MS_HAVE_CUDA
             st = conv2d_cuda(be, out, in, w, b, ci, h, wd, co, kh, kw, stride, pad, act, s.ptr);
@@ -273,15 +308,20 @@ ms_status op_conv_transpose2x2(ms_backend *be, float *out, const float *in, cons
         (long long)co * 4 * wd > INT_MAX)
         return BAD_SIZES(__func__, "ci=%d h=%d w=%d co=%d", ci, h, wd, co);
     size_t floats = conv_transpose2x2_scratch_floats(ci, h, wd, co);
+    /* tc_round: BF16 copies of input and weights (cuBLAS FAST_16BF) */
+    size_t ni = (size_t)ci * h * wd, nw = (size_t)ci * co * 4;
+    size_t tc = be->device == MS_DEVICE_CPU && be->tc_round ? ni + nw : 0;
     size_t bytes = be->device == MS_DEVICE_CUDA
-                       ? CUDA_BYTES(conv_transpose2x2_cuda_scratch_bytes(ci, h, wd, co))
-                       : floats * sizeof(float);
+                       ? CUDA_BYTES(conv_transpose2x2_cuda_scratch_bytes(ci, h, wd, co, be->fp32))
+                       : (floats + tc) * sizeof(float);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
     if (!be->dry_run) {
-        if (be->device == MS_DEVICE_CPU)
+        if (be->device == MS_DEVICE_CPU) {
+            if (tc) tc_round_operands((float *)s.ptr + floats, &in, ni, &w, nw, true);
             conv_transpose2x2_cpu(out, in, w, b, ci, h, wd, co, act, (float *)s.ptr, floats);
+        }
         else {
 #ifdef MS_HAVE_CUDA
             st = conv_transpose2x2_cuda(be, out, in, w, b, ci, h, wd, co, act, s.ptr);
@@ -313,10 +353,25 @@ ms_status op_resize_bilinear(ms_backend *be, float *out, const float *in, int c,
         return BAD_SIZES(__func__, "c=%d h=%d w=%d ho=%d wo=%d", c, h, w, ho, wo);
     if (be->dry_run) return MS_OK;
     if (be->device == MS_DEVICE_CPU) {
-        resize_bilinear_cpu(out, in, c, h, w, ho, wo, scale_h, scale_w);
+        resize_bilinear_cpu(out, in, c, h, w, ho, wo, 0, ho, scale_h, scale_w);
         return MS_OK;
     }
-    ON_CUDA(resize_bilinear_cuda(be, out, in, c, h, w, ho, wo, scale_h, scale_w));
+    ON_CUDA(resize_bilinear_cuda(be, out, in, c, h, w, ho, wo, 0, ho, scale_h, scale_w));
+}
+
+ms_status op_resize_bilinear_rows(ms_backend *be, float *out, const float *in, int c, int h, int w,
+                                  int ho, int wo, int y_begin, int y_end)
+{
+    if (c <= 0 || h <= 0 || w <= 0 || ho <= 0 || wo <= 0 || y_begin < 0 || y_end > ho ||
+        y_begin >= y_end)
+        return BAD_SIZES(__func__, "c=%d h=%d w=%d ho=%d wo=%d rows %d..%d", c, h, w, ho, wo,
+                         y_begin, y_end);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        resize_bilinear_cpu(out, in, c, h, w, ho, wo, y_begin, y_end, 0, 0);
+        return MS_OK;
+    }
+    ON_CUDA(resize_bilinear_cuda(be, out, in, c, h, w, ho, wo, y_begin, y_end, 0, 0));
 }
 
 ms_status op_resize_bicubic(ms_backend *be, float *out, const float *in, int c, int h, int w,
@@ -343,6 +398,33 @@ ms_status op_crop(ms_backend *be, float *out, const float *in, int c, int h, int
         return MS_OK;
     }
     ON_CUDA(crop_cuda(be, out, in, c, h, w, ho, wo));
+}
+
+ms_status op_window_add(ms_backend *be, float *acc, const float *win, int c, int h, int w, int wh,
+                        int ww, int y0, int x0, bool first)
+{
+    if (c <= 0 || wh <= 0 || ww <= 0 || y0 < 0 || x0 < 0 || y0 + wh > h || x0 + ww > w)
+        return BAD_SIZES(__func__, "c=%d window %dx%d at (%d, %d) in %dx%d", c, wh, ww, y0, x0, h, w);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        window_add_cpu(acc, win, c, h, w, wh, ww, y0, x0, first);
+        return MS_OK;
+    }
+    ON_CUDA(window_add_cuda(be, acc, win, c, h, w, wh, ww, y0, x0, first));
+}
+
+ms_status op_window_average(ms_backend *be, float *acc, int c, int h, int w, int wh, int ww,
+                            int sh, int sw)
+{
+    if (c <= 0 || h <= 0 || w <= 0 || wh <= 0 || ww <= 0 || sh <= 0 || sw <= 0)
+        return BAD_SIZES(__func__, "c=%d %dx%d windows %dx%d strides %d, %d", c, h, w, wh, ww,
+                         sh, sw);
+    if (be->dry_run) return MS_OK;
+    if (be->device == MS_DEVICE_CPU) {
+        window_average_cpu(acc, c, h, w, wh, ww, sh, sw);
+        return MS_OK;
+    }
+    ON_CUDA(window_average_cuda(be, acc, c, h, w, wh, ww, sh, sw));
 }
 
 ms_status op_argmax(ms_backend *be, uint8_t *out, const float *in, int c, int h, int w)

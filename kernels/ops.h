@@ -48,19 +48,24 @@ ms_status op_attention_full(ms_backend *be, float *out /* (n, c) */,
 
 typedef struct {
     int gh, gw;            /* landmark grid, already clamped to the token grid */
-    int topk;              /* already clamped to n */
+    int topk;              /* already clamped to n (all tokens, class token included) */
     bool shared_scale_d;   /* true: shared logit q.l/d; false: q.l/sqrt(d) */
+    int ncls;              /* tokens before the grid: 1 with a class token, else 0 */
 } ms_mita_params;
 
-/* What a MiTA layer records for the viewer; any pointer may be NULL. */
+/* What a MiTA layer records for the viewer; any pointer may be NULL.
+ * Positions are numbered as mita-spec 2.7 reports them: grid tokens 0..N-1,
+ * the class token (if any) N, so n = N + ncls entries. */
 typedef struct {
     int32_t *topk_idx;     /* (heads, M, k): expert m's routed positions, by descending score */
     int32_t *route;        /* (heads, n): expert chosen by each query */
     float *shared_mass;    /* (heads, n): softmax mass on the M shared summaries */
 } ms_mita_record;
 
-/* MiTA attention (spec section 2), all steps, for one layer.
- * rec may be NULL (no recording, no cost). */
+/* MiTA attention (spec section 2), all steps, for one layer. The sequence is
+ * n = p->ncls + hp*wp tokens, the class token (if any) first; the landmarks
+ * pool the grid tokens only (spec 2.7). rec may be NULL (no recording, no
+ * cost). */
 ms_status op_mita(ms_backend *be, float *out /* (n, c) */,
                   const float *qkv /* (n, 3c) */, int hp, int wp, int c, int heads,
                   const ms_mita_params *p, const ms_mita_record *rec);
@@ -94,6 +99,12 @@ ms_status op_resize_bilinear(ms_backend *be, float *out /* (c, ho, wo) */,
                              const float *in /* (c, h, w) */, int c, int h, int w,
                              int ho, int wo, double scale_h, double scale_w);
 
+/* Rows y_begin .. y_end-1 of op_resize_bilinear to a size (scale <= 0), the
+ * same values: lets a caller resize and consume a large output band by band. */
+ms_status op_resize_bilinear_rows(ms_backend *be, float *out /* (c, y_end - y_begin, wo) */,
+                                  const float *in /* (c, h, w) */, int c, int h, int w, int ho,
+                                  int wo, int y_begin, int y_end);
+
 /* Bicubic resize to a size, align_corners=False, A=-0.75, indices clamped at
  * the border (F.interpolate(mode="bicubic")). */
 ms_status op_resize_bicubic(ms_backend *be, float *out /* (c, ho, wo) */,
@@ -105,6 +116,13 @@ ms_status op_crop(ms_backend *be, float *out /* (c, ho, wo) */, const float *in 
                   int c, int h, int w, int ho, int wo);
 
 /* Per pixel, the class with the largest logit (ties: lowest class). */
+/* Sliding-window logits (mmseg slide_inference): acc (c, h, w) += win
+ * (c, wh, ww) at (y0, x0); the first window (first = true) also clears acc. */
+ms_status op_window_add(ms_backend *be, float *acc /* (c, h, w) */, const float *win /* (c, wh, ww) */,
+                        int c, int h, int w, int wh, int ww, int y0, int x0, bool first);
+/* acc /= the number of windows (wh x ww, strides sh, sw) covering each pixel. */
+ms_status op_window_average(ms_backend *be, float *acc /* (c, h, w) */, int c, int h, int w,
+                            int wh, int ww, int sh, int sw);
 ms_status op_argmax(ms_backend *be, uint8_t *out /* (h, w) */, const float *in /* (c, h, w) */,
                     int c, int h, int w);
 

@@ -22,8 +22,8 @@ extern "C" ms_status adaptive_avgpool_cuda(ms_backend *be, float *out, const flo
 {
     long long total = (long long)c * gh * gw;
     if (total <= 0) return MS_OK;
-    adaptive_avgpool_kernel<<<cuda_blocks((size_t)total, POOL_THREADS), POOL_THREADS, 0,
-                              cuda_ctx_of(be)->stream>>>(out, in, h, w, gh, gw, total);
+    MS_LAUNCH(adaptive_avgpool_kernel, cuda_blocks((size_t)total, POOL_THREADS), POOL_THREADS, 0,
+              cuda_ctx_of(be)->stream)(out, in, h, w, gh, gw, total);
     CUDA_CHECK_LAUNCH("adaptive_avgpool_kernel");
     return MS_OK;
 }
@@ -45,8 +45,8 @@ extern "C" ms_status maxpool2x2_cuda(ms_backend *be, float *out, const float *in
 {
     long long total = (long long)c * (h / 2) * (w / 2);
     if (total <= 0) return MS_OK;
-    maxpool2x2_kernel<<<cuda_blocks((size_t)total, POOL_THREADS), POOL_THREADS, 0,
-                        cuda_ctx_of(be)->stream>>>(out, in, h, w, total);
+    MS_LAUNCH(maxpool2x2_kernel, cuda_blocks((size_t)total, POOL_THREADS), POOL_THREADS, 0,
+              cuda_ctx_of(be)->stream)(out, in, h, w, total);
     CUDA_CHECK_LAUNCH("maxpool2x2_kernel");
     return MS_OK;
 }

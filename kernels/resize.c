@@ -2,18 +2,19 @@
 #include "resize.h"
 
 void resize_bilinear_cpu(float *out, const float *in, int c, int h, int w, int ho, int wo,
-                         double scale_h, double scale_w)
+                         int y_begin, int y_end, double scale_h, double scale_w)
 {
     float rh = resize_ratio(h, ho, scale_h), rw = resize_ratio(w, wo, scale_w);
+    const int rows = y_end - y_begin;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int ch = 0; ch < c; ch++) {
-        for (int y = 0; y < ho; y++) {
-            int y0, y1;
+        for (int r = 0; r < rows; r++) {
+            int y = y_begin + r, y0, y1;
             float wy0, wy1;
             bilinear_taps(&y0, &y1, &wy0, &wy1, y, rh, h);
             const float *r0 = in + ((size_t)ch * h + y0) * w;
             const float *r1 = in + ((size_t)ch * h + y1) * w;
-            float *o = out + ((size_t)ch * ho + y) * wo;
+            float *o = out + ((size_t)ch * rows + r) * wo;
             for (int x = 0; x < wo; x++) {
                 int x0, x1;
                 float wx0, wx1;

@@ -72,15 +72,17 @@ MS_HD void bicubic_taps(int idx[4], float wgt[4], int dst, float ratio, int in)
 extern "C" {
 #endif
 
-void resize_bilinear_cpu(float *out /* (c, ho, wo) */, const float *in /* (c, h, w) */, int c,
-                         int h, int w, int ho, int wo, double scale_h, double scale_w);
+/* Output rows y_begin .. y_end-1 of a (c, ho, wo) resize into out. */
+void resize_bilinear_cpu(float *out /* (c, y_end - y_begin, wo) */, const float *in /* (c, h, w) */,
+                         int c, int h, int w, int ho, int wo, int y_begin, int y_end,
+                         double scale_h, double scale_w);
 void resize_bicubic_cpu(float *out /* (c, ho, wo) */, const float *in /* (c, h, w) */, int c,
                         int h, int w, int ho, int wo);
 
 #ifdef MS_HAVE_CUDA
-ms_status resize_bilinear_cuda(ms_backend *be, float *out /* (c, ho, wo) */,
+ms_status resize_bilinear_cuda(ms_backend *be, float *out /* (c, y_end - y_begin, wo) */,
                                const float *in /* (c, h, w) */, int c, int h, int w, int ho,
-                               int wo, double scale_h, double scale_w);
+                               int wo, int y_begin, int y_end, double scale_h, double scale_w);
 ms_status resize_bicubic_cuda(ms_backend *be, float *out /* (c, ho, wo) */,
                               const float *in /* (c, h, w) */, int c, int h, int w, int ho,
                               int wo);

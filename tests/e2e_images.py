@@ -107,5 +107,52 @@ elif cmd == 'json_close':             # json_close A.json EXPECTED_JSON_STRING
     a = json.load(open(args[0])); b = json.loads(args[1])
     for k, v in b.items():
         assert abs(a[k] - v) < 1e-3, (k, a[k], v)
+elif cmd == 'recfg':                  # recfg SRC DST JSON_PATCH: SRC with config keys replaced
+    with open(args[0], 'rb') as f:
+        n = struct.unpack('<Q', f.read(8))[0]
+        head = json.loads(f.read(n))
+        data = f.read()
+    cfg = json.loads(head['__metadata__']['config'])
+    for path, v in json.loads(args[2]).items():   # "input.short_side": null
+        d = cfg
+        keys = path.split('.')
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = v
+    head['__metadata__']['config'] = json.dumps(cfg)
+    h = json.dumps(head).encode()
+    h += b' ' * (-len(h) % 8)
+    with open(args[1], 'wb') as f:
+        f.write(struct.pack('<Q', len(h)) + h + data)
+elif cmd == 'temp_name':              # temp_name PID SEQ [BOOT]: mitaseg's temp file name on this host
+    import socket
+    def fnv1a(b):
+        h = 2166136261
+        for c in b:
+            h = ((h ^ c) * 16777619) & 0xffffffff
+        return h
+    try:
+        boot = fnv1a(open('/proc/sys/kernel/random/boot_id', 'rb').read().strip()) or 1
+    except OSError:
+        boot = 0
+    if len(args) > 2:
+        boot = int(args[2], 16)
+    print('.mitaseg-%08x-%08x-%s-%s.tmp' % (fnv1a(socket.gethostname().encode()), boot, args[0], args[1]))
+elif cmd == 'sigrun':                 # sigrun SIG DELAY LIMIT CMD...: CMD must end by exit(128+SIG) within LIMIT s of SIG
+    import signal, subprocess, time
+    sig = getattr(signal, 'SIG' + args[0]); delay = float(args[1]); limit = float(args[2])
+    p = subprocess.Popen(args[3:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(delay)
+    if p.poll() is not None:
+        sys.exit('finished (%d) before the signal' % p.returncode)
+    p.send_signal(sig); t = time.monotonic()
+    try:
+        rc = p.wait(limit)
+    except subprocess.TimeoutExpired:
+        p.kill(); p.wait()
+        sys.exit('still running %.1f s after SIG%s' % (limit, args[0]))
+    print('exit %d %.2f s after SIG%s' % (rc, time.monotonic() - t, args[0]))
+    # a negative code is a death by the signal: no clean-up ran
+    assert rc == 128 + sig, 'expected exit %d, got %d' % (128 + sig, rc)
 else:
     sys.exit('unknown helper ' + cmd)

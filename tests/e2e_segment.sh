@@ -209,7 +209,7 @@ n=$(ls o_int | grep -c '\.png$')
 if [ "$n" -lt 120 ]; then
     check "SIGINT: exit 130" test $rc -eq 130
     check "SIGINT: every .png decodes ($n written)" h decodes o_int/*.png
-    check "SIGINT: no temp files left" bash -c "[ -z \"\$(ls o_int | grep -v '\.png$')\" ]"
+    check "SIGINT: no temp files left" bash -c "[ -z \"\$(ls -A o_int | grep -v '\.png$')\" ]"
 else
     echo "note: the run finished before SIGINT; interrupt checks not exercised"
 fi
@@ -217,10 +217,11 @@ interrupt KILL o_kill
 n=$(ls o_kill | grep -c '\.png$')
 if [ "$n" -lt 120 ]; then
     check "SIGKILL: every .png decodes ($n written)" h decodes o_kill/*.png
-    check "SIGKILL: temp names are not .png" bash -c "! ls o_kill | grep -v '\.png$' | grep -qv '\.png\.tmp-[0-9]*$'"
+    check "SIGKILL: temp names are hidden, never .png" bash -c "! ls -A o_kill | grep -v '\.png$' | grep -qv '^\.mitaseg-.*\.tmp$'"
     seg big -o o_kill --skip-existing -q
     check "resume after SIGKILL: all 120 written and whole" bash -c \
         "[ \$(ls o_kill | grep -c '\.png$') -eq 120 ] && '$PY' '$HELPER' decodes o_kill/*.png"
+    check "resume after SIGKILL: the killed run's temporaries removed" bash -c "[ -z \"\$(ls -A o_kill | grep tmp)\" ]"
 else
     echo "note: the run finished before SIGKILL; kill checks not exercised"
 fi

@@ -5,6 +5,10 @@
 # image, switch to the heatmap, save, change the layer, save again, hide a
 # class by clicking its legend entry, save, quit with Escape. Checks the saved
 # PNGs decode, sit next to the image, and change when the view changes.
+# Then a folder: PageDown / Backspace move through it (the next image run
+# ahead), key 7 (difference from full attention) and S with NAME.stats.json,
+# key 8 (statistics) and a click on a chart point, Ctrl+wheel zoom, a drag
+# pan and 0 to fit; and a folder dropped on the window.
 # Env: MS_BIN (mitaseg), MS_FIXTURES. Exit 77 (skipped) without python3 or the
 # fixture model, or (after the render checks) without Xvfb or xdotool.
 set -u
@@ -120,7 +124,7 @@ IMG_SUM=$(cksum <"$IMG")
 
 # The headless renderer first (no display needed): every view decodes at the
 # asked size, layers differ, out-of-range selections are refused.
-for view in overlay heatmap strip expert routing query; do
+for view in overlay heatmap strip expert routing query diff stats sweep; do
     "$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --view "$view" --size 400x300 \
         -o "$TMP/r-$view.png" 2>"$TMP/err" || fail "render --view $view failed: $(cat "$TMP/err")"
     [ "$(png size "$TMP/r-$view.png")" = "400 300" ] || fail "render --view $view: wrong size"
@@ -134,6 +138,12 @@ grep -q 'layers 0\.\.' "$TMP/err" || fail "render --layer 99 did not give the va
 [ ! -e "$TMP/bad.png" ] || fail "render --layer 99 still wrote a file"
 "$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --view expert --expert 999 -o "$TMP/bad.png" 2>"$TMP/err"
 [ $? -eq 2 ] || fail "render --expert 999 did not exit 2"
+png differ "$TMP/r-stats.png" "$TMP/r-sweep.png" 0.05 >/dev/null || fail "render: the stats and sweep views look the same"
+"$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --zoom 4,40,30 --size 400x300 \
+    -o "$TMP/r-zoom.png" 2>/dev/null || fail "render --zoom failed"
+png differ "$TMP/r-overlay.png" "$TMP/r-zoom.png" 0.2 >/dev/null || fail "render --zoom 4 looks like the fitted overlay"
+"$BIN" render "$IMG" --model "$MODEL" --device cpu --threads 1 --zoom 4,999,30 -o "$TMP/bad.png" 2>"$TMP/err"
+[ $? -eq 2 ] || fail "render --zoom outside the image did not exit 2"
 echo "ok: render"
 
 for tool in Xvfb xdotool; do
@@ -158,9 +168,18 @@ xdotool getmouselocation >/dev/null 2>&1 || fail "Xvfb :$DNUM is not answering"
 
 
 WW=900; WH=600
-SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
-    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
-VIEW_PID=$!
+# start_viewer [VAR=VALUE ...] -- [ARGS ...]: the viewer on the fixture model
+# in a WWxWH window, with the environment given, logging to $TMP/log
+start_viewer() {
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    : >"$TMP/log"
+    env SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "${envs[@]}" "$BIN" view "$@" --model "$MODEL" \
+        --size ${WW}x${WH} --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
+    VIEW_PID=$!
+}
+start_viewer -- "$IMG"
 
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
 [ -n "$WIN" ] || fail "no mitaseg window appeared"
@@ -184,38 +203,46 @@ xdotool mousemove --window "$WIN" 20 20
 xdotool windowfocus --sync "$WIN" 2>/dev/null || true
 sleep 0.2
 
-# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
-save_now() {
+# press_s REGEX WHAT: press S until a new log line matches REGEX
+press_s() {
     local before
-    before=$(count_log '^saved ')
+    before=$(count_log "$1")
     # Without a window manager, focus follows the pointer: under load a key
-    # can arrive before the focus does, so press again if nothing was saved.
+    # can arrive before the focus does, so press again if nothing came.
     for _try in 1 2 3; do
         xdotool key s
         for _ in $(seq 1 50); do
-            [ "$(count_log '^saved ')" -gt "$before" ] && break 2
+            [ "$(count_log "$1")" -gt "$before" ] && break 2
             sleep 0.1
         done
         xdotool mousemove --window "$WIN" 20 20
     done
-    [ "$(count_log '^saved ')" -gt "$before" ] || fail "S saved nothing"
+    [ "$(count_log "$1")" -gt "$before" ] || fail "$2"
+}
+
+# save_now: press S, wait for a new "saved" line, print "VIEW MASK"
+save_now() {
+    press_s '^saved ' "S saved nothing"
     # "saved VIEW MASK"
     grep -E '^saved ' "$TMP/log" | tail -1 | cut -d' ' -f2-
 }
 
-# quit_viewer WHAT: Escape must end the viewer, with status 0
-quit_viewer() {
-    xdotool key Escape
-    for _ in $(seq 1 100); do
+# stop_viewer HOW TENTHS STATUS WHAT: the command HOW must end the viewer
+# within TENTHS tenths of a second, with exit status STATUS
+stop_viewer() {
+    $1
+    for _ in $(seq 1 "$2"); do
         kill -0 "$VIEW_PID" 2>/dev/null || break
         sleep 0.1
     done
-    kill -0 "$VIEW_PID" 2>/dev/null && fail "Escape did not quit ($1)"
+    kill -0 "$VIEW_PID" 2>/dev/null && fail "'$1' did not end the viewer ($4)"
     wait "$VIEW_PID"
     local rc=$?
     VIEW_PID=""
-    [ "$rc" -eq 0 ] || fail "viewer exit status $rc ($1)"
+    [ "$rc" -eq "$3" ] || fail "viewer exit status $rc, want $3 ($4)"
 }
+# quit_viewer WHAT: Escape must end the viewer, with status 0
+quit_viewer() { stop_viewer "xdotool key Escape" 100 0 "$1"; }
 
 # 1. heatmap view at the default (last) layer
 xdotool key 2
@@ -252,6 +279,12 @@ wait_log "^class $CLS hidden" 10 >/dev/null
 read -r V4 _ < <(save_now)
 png differ "$TMP/overlay_before.png" "$V4" 0.005 || fail "hiding class $CLS did not change the overlay"
 
+# 3b. the mask's name is a hard link to the image (another name of the input):
+#     S refuses with a message and writes nothing
+rm -f "$M1" && ln "$IMG" "$M1"
+press_s '^error .*would overwrite the input' "S over a hard link of the input was not refused"
+rm -f "$M1"
+
 # 4. the input is untouched; Escape quits with status 0
 [ "$(cksum <"$IMG")" = "$IMG_SUM" ] || fail "the input image changed"
 quit_viewer "first run"
@@ -259,11 +292,7 @@ quit_viewer "first run"
 #    the window (through SDL's drop event) is opened and can be saved; the
 #    engine option --tta flip reaches the viewer's runs.
 cp "$IMG" "$TMP/imgs/dropped.png"
-: >"$TMP/log"
-SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" \
-    "$BIN" view --model "$MODEL" --size ${WW}x${WH} --device cpu --threads 1 --tta flip \
-    >"$TMP/log" 2>"$TMP/err" &
-VIEW_PID=$!
+start_viewer MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" -- --tta flip
 wait_log '^ready' 120 >/dev/null
 grep -Eq '^ready .* tta flip$' "$TMP/log" || fail "view --tta flip: the run was not a flip-TTA run"
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
@@ -275,4 +304,122 @@ read -r V5 M5 < <(save_now)
 [[ "$V5" == *dropped.view-* ]] || fail "after the drop: unexpected view file name $V5"
 [ "$(png size "$M5")" = "160 120" ] || fail "$M5 does not decode to the dropped image's size"
 quit_viewer "drop test"
+
+# 6. SIGTERM closes the viewer within a second with status 143
+: >"$TMP/log"
+SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
+    --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
+VIEW_PID=$!
+wait_log '^ready' 120 >/dev/null
+stop_viewer "kill -TERM $VIEW_PID" 10 143 "SIGTERM, within a second"
+
+# 7. a folder of three images
+mkdir -p "$TMP/set"
+png write "$TMP/set/a.png" 160 120 && png write "$TMP/set/b.png" 120 96 && png write "$TMP/set/c.png" 96 128 \
+    || fail "cannot write the folder's images"
+start_viewer -- "$TMP/set"
+WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
+[ -n "$WIN" ] || fail "no mitaseg window appeared for the folder"
+wait_log "^image 1 3 .*/a\.png$" 30 >/dev/null
+wait_log '^ready' 120 >/dev/null
+xdotool mousemove --window "$WIN" 20 20
+xdotool windowfocus --sync "$WIN" 2>/dev/null || true
+sleep 0.2
+# the next image is run ahead; moving on then needs no new run
+wait_log '^prefetched .*/b\.png$' 60 >/dev/null
+R=$(count_log '^ready')
+xdotool key Next
+wait_log "^image 2 3 .*/b\.png$" 10 >/dev/null
+[ "$(count_log '^ready')" -gt "$R" ] || fail "PageDown: the prefetched run was not used"
+A=$(count_log '^image 1 3 ')
+xdotool key BackSpace
+for _ in $(seq 1 100); do
+    [ "$(count_log '^image 1 3 ')" -gt "$A" ] && break
+    sleep 0.1
+done
+grep -Eq '^image 1 3 .*/a\.png$' <(grep -E '^image ' "$TMP/log" | tail -1) || fail "BackSpace did not go back to a.png"
+wait_log '^ready' 60 >/dev/null
+
+# 8. the difference view once the full-attention run is there; S writes NAME.stats.json
+wait_log '^full ready' 60 >/dev/null
+xdotool key 7
+wait_log '^view diff' 10 >/dev/null
+read -r V6 _ < <(save_now)
+[[ "$V6" == *a.view-diff-L*.png ]] || fail "unexpected difference-view file name $V6"
+SJ="$TMP/set/a.stats.json"
+[ -f "$SJ" ] || fail "S did not write $SJ"
+python3 - "$SJ" <<'PY' || fail "$SJ is not the statistics JSON"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["image"] == "a.png", d["image"]
+assert len(d["layers"]) == 4 and all(0 <= l["pruned"] <= 1 for l in d["layers"])
+assert d["vs_full"] is not None and d["vs_full"]["pixels"] == 160 * 120
+assert all(l["block_rel_l2"] is not None and l["block_rel_l2"] > 0 for l in d["layers"])
+PY
+
+# 9. the stats view: a click on a chart point makes that layer current
+N=$(wc -l <"$TMP/log")
+xdotool key 8
+wait_log '^view stats' 10 >/dev/null
+for _ in $(seq 1 50); do
+    tail -n +"$((N + 1))" "$TMP/log" | grep -Eq '^layout chart 0 1 ' && break
+    sleep 0.1
+done
+read -r _ _ _ _ CX CY < <(tail -n +"$((N + 1))" "$TMP/log" | grep -E '^layout chart 0 1 ' | tail -1)
+[ -n "${CX:-}" ] || fail "no chart point in the layout log"
+xdotool mousemove --window "$WIN" "$CX" "$CY" click 1
+wait_log '^layer 1$' 10 >/dev/null
+read -r V7 _ < <(save_now)
+[[ "$V7" == *a.view-stats-L1.png ]] || fail "unexpected stats-view file name $V7"
+
+# 10. zoom: Ctrl+wheel over the image zooms about the pointer, a drag pans, 0 fits
+xdotool key 1
+read -r IX IY IW_ IH_ < <(grep -E '^layout image ' "$TMP/log" | tail -1 | cut -d' ' -f3-)
+read -r V8 _ < <(save_now)
+cp "$V8" "$TMP/fit.png"
+xdotool mousemove --window "$WIN" $((IX + IW_ / 3)) $((IY + IH_ / 3))
+xdotool keydown ctrl click 4 click 4 keyup ctrl
+wait_log '^zoom 1\.56' 10 >/dev/null
+read -r V9 _ < <(save_now)
+png differ "$TMP/fit.png" "$V9" 0.2 >/dev/null || fail "Ctrl+wheel did not zoom the picture"
+xdotool mousemove --window "$WIN" $((IX + IW_ / 2)) $((IY + IH_ / 2)) mousedown 1
+xdotool mousemove --window "$WIN" $((IX + IW_ / 2 + 40)) $((IY + IH_ / 2 + 30))
+xdotool mouseup 1
+wait_log '^panned to' 10 >/dev/null
+xdotool key 0
+wait_log '^zoom 1\.00' 10 >/dev/null
+read -r V10 _ < <(save_now)
+# (the status line may differ: it says what was saved last)
+png differ "$TMP/fit.png" "$V10" 0.05 >/dev/null && fail "0 did not fit the image again"
+# the keyboard way: Ctrl+= zooms in about the pointer too
+xdotool key ctrl+equal
+wait_log '^zoom 1\.25' 10 >/dev/null
+quit_viewer "folder test"
+
+# 11. a folder dropped on the window opens as the list; what S saved in a
+#     folder (NAME.mask.png, NAME.view-*.png) is left out of it, and an
+#     unreadable file is reported and PageDown gets past it
+mkdir -p "$TMP/set2"
+cp "$TMP/set/"*.png "$TMP/set2/"
+ls "$TMP/set2" | grep -q 'a\.view-.*\.png' || fail "no saved view in the folder to leave out"
+printf 'not a png' >"$TMP/set2/broken.png"
+start_viewer MITASEG_VIEW_TEST_DROP="$TMP/set2" --
+wait_log "^image 1 4 .*/a\.png$" 60 >/dev/null
+wait_log '^ready' 120 >/dev/null
+WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
+xdotool mousemove --window "$WIN" 20 20
+xdotool windowfocus --sync "$WIN" 2>/dev/null || true
+sleep 0.2
+xdotool key Next
+wait_log "^image 2 4 .*/b\.png$" 20 >/dev/null
+xdotool key Next
+wait_log "^error .*broken\.png" 20 >/dev/null
+xdotool key Next
+wait_log "^image 4 4 .*/c\.png$" 20 >/dev/null
+quit_viewer "folder drop"
+# a folder without images: one line, exit 1, no window
+mkdir -p "$TMP/empty"
+"$BIN" view "$TMP/empty" --model "$MODEL" 2>"$TMP/err"
+[ $? -eq 1 ] || fail "view of an empty folder did not exit 1"
+grep -q 'no PNG or JPEG' "$TMP/err" || fail "view of an empty folder: $(cat "$TMP/err")"
 echo "ok: e2e_viewer"

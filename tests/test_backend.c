@@ -1,9 +1,12 @@
 /* Backend test, as ggml's test-backend-ops: every op on CUDA against its CPU
  * twin on random inputs of several shapes (odd sizes, n not a multiple of the
- * kernels' tiles, k >= n, experts that receive no query), in FP32 mode and
- * in the tensor-core mode. Without a usable GPU (or without CUDA in the
- * build) it prints why and exits 77: skipped, never passed.
- * MS_BACKEND_SMALL=1 drops the largest shapes (for compute-sanitizer). */
+ * kernels' tiles, k >= n, experts that receive no query), in FP32 mode
+ * against the plain CPU and in the tensor-core mode against the CPU with the
+ * same operand rounding (ms_backend.tc_round). Every device output is
+ * poisoned (NaN, -1) before every launch. Without CUDA in the build, or
+ * without a GPU on the machine, it prints why and exits 77 (skipped); with a
+ * GPU present (ms_gpu_present) any failure to use it is a failure (exit 1).
+ * MS_BACKEND_SMALL=1 keeps small shapes only (for compute-sanitizer). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +14,7 @@
 
 #include "app/engine.h"
 #include "app/model_file.h"
+#include "app/selftest.h"
 #include "kernels/mita_cuda_math.h" /* mita_landmark_value: exact-score references */
 #include "kernels/ops.h"
 #include "tests/testutil.h"
@@ -22,16 +26,19 @@
  * relative error is meaningless near zeros).
  * FP32: 1e-4 (the issue's bound; only summation orders differ, ~1e-6 seen
  * in the CPU emulation of the kernels).
- * Tensor-core mode, GEMM ops (linear: operands stored in BF16;
- * conv_transpose2x2: rounded to BF16 by cuBLAS; the same rounding either
- * way, unit roundoff 2^-8 = 3.9e-3, FP32 accumulation); a dot product's rounding errors of
- * the two operands (~2u per term, random signs) grow like its value's sqrt(K)
- * random-walk, so the normwise error is ~2u = 8e-3: 3e-2 leaves a margin
- * for the maximum over many outputs. conv2d in that mode uses TF32
- * (u = 2^-11): 1e-2. Ops that use no GEMM are FP32 in both modes. */
+ * Tensor-core mode against the CPU with the same rounding (tc_round): every
+ * GEMM op rounds its operands with our own kernels before the library sees
+ * them (linear to BF16 storage; conv2d to TF32 and conv_transpose2x2 to BF16
+ * values kept in FP32, so cuDNN's and cuBLAS's own conversion, whose rounding
+ * NVIDIA does not document, is exact), as the CPU does; only FP32
+ * accumulation order differs: TOL_TC. Ops without a GEMM are FP32 in both
+ * modes.
+ * BF16 against the plain CPU (only the weight-cache case, whose two weights
+ * differ by O(1)): operand rounding 2^-8 per operand, ~2u normwise = 8e-3,
+ * 3e-2 with a margin for the maximum over many outputs. */
 #define TOL_FP32 1e-4
 #define TOL_BF16 3e-2
-#define TOL_TF32 1e-2
+#define TOL_TC 1e-4
 
 static ms_cuda_ctx *g_cu;
 static ms_arena g_dev;     /* test tensors */
@@ -44,6 +51,15 @@ static ms_backend cpu_be(void)
     memset(&be, 0, sizeof be);
     be.device = MS_DEVICE_CPU;
     backend_set_threads(&be, 0);
+    return be;
+}
+
+/* The CPU reference for a GPU mode: mode 0 (FP32) plain, mode 1 (tensor
+ * cores) with the same operand rounding. */
+static ms_backend cpu_ref(int mode)
+{
+    ms_backend be = cpu_be();
+    be.tc_round = mode == 1;
     return be;
 }
 
@@ -76,6 +92,14 @@ static void dget(void *h, const void *d, size_t bytes)
 {
     ck_assert_msg(cuda_copy_d2h(g_cu, h, d, bytes) == MS_OK, "%s", ms_last_error());
     ck_assert_msg(cuda_sync(g_cu) == MS_OK, "%s", ms_last_error());
+}
+
+/* Poison a device output before a launch: 0xFF bytes are NaN floats and -1
+ * indices, so an element the kernel did not write fails the comparison (and
+ * a result left from an earlier launch cannot pass for a new one). */
+static void dpoison(void *d, size_t bytes)
+{
+    ck_assert_msg(cuda_fill_bytes(g_cu, d, 0xFF, bytes) == MS_OK, "%s", ms_last_error());
 }
 
 static float *hrand(size_t n, uint32_t seed, float lo, float hi)
@@ -130,13 +154,16 @@ static void linear_weight_cache_case(const float *din, float *dw, const float *d
     OK(op_linear(&cb, ref1, in, w1, b, n, cin, cout, MS_ACT_NONE, false));
     OK(op_linear(&cb, ref2, in, w2, b, n, cin, cout, MS_ACT_NONE, false));
     OK(cuda_copy_h2d(g_cu, dw, w2, nw * sizeof(float)));
+    dpoison(dout, no * sizeof(float));
     OK(op_linear(&bf, dout, din, dw, db, n, cin, cout, MS_ACT_NONE, false));
     dget(got, dout, no * sizeof(float));
     check_close(got, ref1, no, TOL_BF16, "linear bf16, weight rewritten: cached copy");
+    dpoison(dout, no * sizeof(float));
     OK(op_linear(&f32, dout, din, dw, db, n, cin, cout, MS_ACT_NONE, false));
     dget(got, dout, no * sizeof(float));
     check_close(got, ref2, no, TOL_FP32, "linear fp32, weight rewritten");
     OK(cuda_ctx_forget_weights(g_cu));
+    dpoison(dout, no * sizeof(float));
     OK(op_linear(&bf, dout, din, dw, db, n, cin, cout, MS_ACT_NONE, false));
     dget(got, dout, no * sizeof(float));
     check_close(got, ref2, no, TOL_BF16, "linear bf16 after cuda_ctx_forget_weights");
@@ -157,17 +184,19 @@ START_TEST(test_linear)
         float *ref = malloc((size_t)n * cout * sizeof(float)), *got = hpoison((size_t)n * cout);
         float *din = dput(in, (size_t)n * cin), *dw = dput(w, (size_t)cout * cin),
               *db = dput(b, (size_t)cout), *dout = dalloc((size_t)n * cout * sizeof(float));
-        ms_backend cb = cpu_be();
         for (int act = 0; act < 3; act++)
             for (int withb = 0; withb < 2; withb++)
                 for (int resid = 0; resid < 2; resid++) {
                     if (resid && act) continue;
                     BOTH_MODES
                     {
-                        ms_backend gb = gpu_be(mode == 0);
+                        ms_backend gb = gpu_be(mode == 0), cb = cpu_ref(mode);
                         size_t smark = arena_mark(&g_scratch);
                         memcpy(ref, res, (size_t)n * cout * sizeof(float));
-                        OK(cuda_copy_h2d(g_cu, dout, res, (size_t)n * cout * sizeof(float)));
+                        if (resid) /* out += in w^T + b: out starts as res */
+                            OK(cuda_copy_h2d(g_cu, dout, res, (size_t)n * cout * sizeof(float)));
+                        else
+                            dpoison(dout, (size_t)n * cout * sizeof(float));
                         OK(op_linear(&cb, ref, in, w, withb ? b : NULL, n, cin, cout,
                                      (ms_act)act, resid));
                         OK(op_linear(&gb, dout, din, dw, withb ? db : NULL, n, cin, cout,
@@ -176,7 +205,7 @@ START_TEST(test_linear)
                         char what[96];
                         snprintf(what, sizeof what, "linear %dx%dx%d act %d b %d res %d %s", n,
                                  cin, cout, act, withb, resid, mode ? "bf16" : "fp32");
-                        check_close(got, ref, (size_t)n * cout, mode ? TOL_BF16 : TOL_FP32, what);
+                        check_close(got, ref, (size_t)n * cout, mode ? TOL_TC : TOL_FP32, what);
                         /* the op gives its scratch (the BF16 input) back */
                         ck_assert_uint_eq(arena_mark(&g_scratch), smark);
                     }
@@ -220,11 +249,13 @@ START_TEST(test_layernorm_add_transpose_softmax)
         float *dout = dalloc(nc * sizeof(float));
 
         OK(op_layernorm(&cb, ref, x, w, b, n, c, 1e-6f));
+        dpoison(dout, nc * sizeof(float));
         OK(op_layernorm(&gb, dout, dx, dw, db, n, c, 1e-6f));
         dget(got, dout, nc * sizeof(float));
         check_close(got, ref, nc, TOL_FP32, "layernorm");
 
         OK(op_add(&cb, ref, x, y, nc));
+        dpoison(dout, nc * sizeof(float));
         OK(op_add(&gb, dout, dx, dy, nc));
         dget(got, dout, nc * sizeof(float));
         check_close(got, ref, nc, TOL_FP32, "add");
@@ -233,6 +264,7 @@ START_TEST(test_layernorm_add_transpose_softmax)
         check_close(got, ref, nc, TOL_FP32, "add in place");
 
         OK(op_transpose(&cb, ref, y, n, c));
+        dpoison(dout, nc * sizeof(float));
         OK(op_transpose(&gb, dout, dy, n, c));
         dget(got, dout, nc * sizeof(float));
         check_close(got, ref, nc, 0.0, "transpose");
@@ -250,26 +282,34 @@ END_TEST
 
 START_TEST(test_attention_full)
 {
-    /* d = 8 (generic path), 64, 32, 128, 24; n below, at and past the tiles */
-    const int shapes[][3] = {{1, 8, 1}, {13, 24, 3}, {130, 64, 1}, {257, 128, 4},
-                             {200, 256, 2}, {1000, 384, 6}};
-    for (size_t si = 0; si < 6; si++) {
+    /* d = 8 (generic path), 64, 32, 128, 256, 24; n below, at and past the
+     * tiles. The small set (sanitizers) keeps d <= 128 at small n: racecheck
+     * instruments every shared-memory access of the key tiles. */
+    const int shapes[][4] = {{1, 8, 1, 1},     {13, 24, 3, 1},   {130, 64, 1, 1},
+                             {40, 128, 1, 1},  {257, 128, 4, 0}, {200, 256, 2, 0},
+                             {1000, 384, 6, 0}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int n = shapes[si][0], c = shapes[si][1], heads = shapes[si][2];
-        if (g_small && si == 5) continue;
+        if (g_small && !shapes[si][3]) continue;
         size_t mark = arena_mark(&g_dev), nq = (size_t)n * 3 * c, no = (size_t)n * c;
         float *qkv = hrand(nq, 40 + (uint32_t)si, -2, 2);
-        float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
-        float *dqkv = dput(qkv, nq), *dout = dput(got, no);
+        float *ref = malloc(no * sizeof(float)), *got = hpoison(no), *got0 = hpoison(no);
+        float *dqkv = dput(qkv, nq), *dout = dalloc(no * sizeof(float));
         ms_backend cb = cpu_be();
         OK(op_attention_full(&cb, ref, qkv, n, c, heads));
+        /* The flash kernel is FP32 CUDA-core code in both modes (memory- and
+         * softmax-bound at these head dims): mode 1 must give mode 0's bits. */
         BOTH_MODES
         {
             ms_backend gb = gpu_be(mode == 0);
+            dpoison(dout, no * sizeof(float));
             OK(op_attention_full(&gb, dout, dqkv, n, c, heads));
-            dget(got, dout, no * sizeof(float));
-            check_close(got, ref, no, TOL_FP32, "attention_full");
+            dget(mode ? got : got0, dout, no * sizeof(float));
         }
-        free(qkv); free(ref); free(got);
+        check_close(got0, ref, no, TOL_FP32, "attention_full");
+        ck_assert_msg(memcmp(got, got0, no * sizeof(float)) == 0,
+                      "attention_full shape %zu: tensor-core mode differs from FP32 mode", si);
+        free(qkv); free(ref); free(got); free(got0);
         arena_reset(&g_dev, mark);
     }
 }
@@ -278,6 +318,7 @@ END_TEST
 typedef struct {
     int hp, wp, c, heads, gh, gw, k;
     bool shd;
+    bool small; /* in the sanitizers' small set */
 } mita_case;
 
 /* Exact-score references in double for judging near-ties: P (heads, m, n)
@@ -319,26 +360,27 @@ static void mita_scores_ref(double *pd, double *rd, const float *qkv, const mita
 START_TEST(test_mita)
 {
     const mita_case cases[] = {
-        {5, 7, 16, 2, 3, 3, 4, true},      /* d = 8, generic kernel */
-        {2, 3, 8, 1, 2, 2, 6, false},      /* k = n */
-        {9, 11, 128, 2, 7, 7, 49, true},   /* d = 64, default M and k, empty experts */
-        {13, 10, 96, 3, 4, 5, 17, false},  /* d = 32, overlapping windows */
-        {25, 40, 384, 3, 7, 7, 100, true}, /* d = 128, n = 1000, key tiles */
-        {1, 1, 4, 1, 1, 1, 1, true},       /* one token */
-        {50, 100, 16, 1, 2, 2, 4500, false}, /* k > MS_TOPK_SMEM: rank-sort path */
-        {64, 64, 384, 6, 7, 7, 49, true},  /* n = 4096, DeiT-S width */
-        {16, 16, 256, 1, 16, 15, 30, true}, /* d = 256, M x d > any device's shared
-                                              memory: summaries staged in tiles */
-        {65, 70, 32, 2, 7, 7, 49, false},  /* n = 4550 > 4096: split-N summary GEMMs */
-        {32, 32, 128, 2, 32, 32, 49, true}, /* 32x32 landmarks at d = 64: tiled summaries */
+        {5, 7, 16, 2, 3, 3, 4, true, true},       /* d = 8, generic kernel */
+        {2, 3, 8, 1, 2, 2, 6, false, true},       /* k = n */
+        {9, 11, 128, 2, 7, 7, 49, true, true},    /* d = 64, default M and k, empty experts */
+        {13, 10, 96, 3, 4, 5, 17, false, true},   /* d = 32, overlapping windows */
+        {25, 40, 384, 3, 7, 7, 100, true, false}, /* d = 128, n = 1000, key tiles */
+        {1, 1, 4, 1, 1, 1, 1, true, true},        /* one token */
+        {50, 100, 16, 1, 2, 2, 4500, false, false}, /* k > MS_TOPK_SMEM: rank-sort path */
+        {64, 64, 384, 6, 7, 7, 49, true, false},  /* n = 4096, DeiT-S width */
+        {16, 16, 256, 1, 16, 15, 30, true, false}, /* d = 256, M x d > any device's shared
+                                                     memory: summaries staged in tiles */
+        {65, 70, 32, 2, 7, 7, 49, false, false},  /* n = 4550 > 4096: split-N summary GEMMs */
+        {32, 32, 128, 2, 32, 32, 49, true, false}, /* 32x32 landmarks at d = 64: tiled summaries */
+        {6, 7, 128, 1, 2, 2, 5, true, true},      /* d = 128 at a size racecheck gets through */
     };
     int ncases = (int)(sizeof cases / sizeof cases[0]);
     int empty = 0;
     for (int ci = 0; ci < ncases; ci++) {
         const mita_case *t = &cases[ci];
         /* racecheck (small shapes) would crawl through the staged summaries of
-         * the tiled cases' ~200 blocks */
-        if (g_small && ci >= 6) continue;
+         * the tiled cases' ~200 blocks, and through d = 128's key tiles at n = 1000 */
+        if (g_small && !t->small) continue;
         int n = t->hp * t->wp, m = t->gh * t->gw, H = t->heads, k = t->k, d = t->c / H;
         size_t mark = arena_mark(&g_dev), nq = (size_t)n * 3 * t->c, no = (size_t)n * t->c;
         size_t ntk = (size_t)H * m * k, nr = (size_t)H * n;
@@ -359,19 +401,39 @@ START_TEST(test_mita)
         ms_mita_record rrec = {rtopk, rroute, rmass};
         OK(op_mita(&cb, ref, qkv, t->hp, t->wp, t->c, H, &p, &rrec));
 
-        float *dqkv = dput(qkv, nq), *dout = dput(got, no), *dmass = dput(gmass, nr);
+        float *dqkv = dput(qkv, nq), *dout = dalloc(no * 4), *dmass = dalloc(nr * 4);
         int32_t *dtopk = dalloc(ntk * 4), *droute = dalloc(nr * 4);
+        /* mode 0's results, which mode 1 must reproduce bit for bit */
+        float *out0 = malloc(no * 4), *mass0 = malloc(nr * 4);
+        int32_t *topk0 = malloc(ntk * 4), *route0 = malloc(nr * 4);
+        ck_assert(out0 && mass0 && topk0 && route0);
         BOTH_MODES
         {
             ms_backend gb = gpu_be(mode == 0);
             ms_mita_record grec = {dtopk, droute, dmass};
+            dpoison(dout, no * 4);
+            dpoison(dmass, nr * 4);
+            dpoison(dtopk, ntk * 4);
+            dpoison(droute, nr * 4);
             OK(op_mita(&gb, dout, dqkv, t->hp, t->wp, t->c, H, &p, &grec));
             dget(got, dout, no * sizeof(float));
             dget(gmass, dmass, nr * sizeof(float));
             dget(gtopk, dtopk, ntk * 4);
             dget(groute, droute, nr * 4);
-            /* MiTA's GEMMs are FP32 in both modes (kernels/mita.cu): the same
-             * decisions are expected in both. */
+            /* MiTA is FP32 in both modes (kernels/mita.cu: memory-bound GEMMs,
+             * BF16 would save nothing and move the decisions): mode 1 runs the
+             * same code and must give mode 0's bits (cuBLAS is deterministic
+             * for a given handle, stream and shape). */
+            if (mode == 0) {
+                memcpy(out0, got, no * 4);
+                memcpy(mass0, gmass, nr * 4);
+                memcpy(topk0, gtopk, ntk * 4);
+                memcpy(route0, groute, nr * 4);
+            } else {
+                ck_assert_msg(!memcmp(out0, got, no * 4) && !memcmp(mass0, gmass, nr * 4) &&
+                                  !memcmp(topk0, gtopk, ntk * 4) && !memcmp(route0, groute, nr * 4),
+                              "mita case %d: tensor-core mode differs from FP32 mode", ci);
+            }
             int ties = 0;
             memset(set_differs, 0, (size_t)H * m);
             memset(skip, 0, nr);
@@ -429,7 +491,8 @@ START_TEST(test_mita)
             check_close(got, ref, no, TOL_FP32, "mita out");
             check_close(gmass, rmass, nr, TOL_FP32, "mita shared mass");
             /* without records: the same output */
-            float *dout2 = dput(ref, no);
+            float *dout2 = dalloc(no * 4);
+            dpoison(dout2, no * 4);
             OK(op_mita(&gb, dout2, dqkv, t->hp, t->wp, t->c, H, &p, NULL));
             float *got2 = malloc(no * sizeof(float));
             dget(got2, dout2, no * sizeof(float));
@@ -447,7 +510,7 @@ START_TEST(test_mita)
             }
         free(qkv); free(ref); free(got); free(rmass); free(gmass); free(rtopk); free(gtopk);
         free(rroute); free(groute); free(pd); free(rd); free(skip); free(set_differs);
-        free(mark_tk);
+        free(mark_tk); free(out0); free(mass0); free(topk0); free(route0);
         arena_reset(&g_dev, mark);
     }
     ck_assert_int_gt(empty, 0);
@@ -470,21 +533,24 @@ START_TEST(test_conv)
         float *b = hrand((size_t)co, 90, -1, 1);
         float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
         float *din = dput(in, ni), *dw = dput(w, nw), *db = dput(b, (size_t)co), *dout = dalloc(no * 4);
-        ms_backend cb = cpu_be();
         for (int act = 0; act < 3; act++)
             for (int withb = 0; withb < 2; withb++) {
-                OK(op_conv2d(&cb, ref, in, w, withb ? b : NULL, ci, h, wd, co, kh, kw, st, pad,
-                             (ms_act)act));
                 BOTH_MODES
                 {
-                    ms_backend gb = gpu_be(mode == 0);
+                    ms_backend gb = gpu_be(mode == 0), cb = cpu_ref(mode);
+                    OK(op_conv2d(&cb, ref, in, w, withb ? b : NULL, ci, h, wd, co, kh, kw, st, pad,
+                                 (ms_act)act));
+                    dpoison(dout, no * 4);
                     OK(op_conv2d(&gb, dout, din, dw, withb ? db : NULL, ci, h, wd, co, kh, kw, st,
                                  pad, (ms_act)act));
                     dget(got, dout, no * 4);
                     char what[96];
                     snprintf(what, sizeof what, "conv2d shape %zu act %d b %d %s", si, act, withb,
                              mode ? "tf32" : "fp32");
-                    check_close(got, ref, no, mode ? TOL_TF32 : TOL_FP32, what);
+                    check_close(got, ref, no, mode ? TOL_TC : TOL_FP32, what);
+                    if (mode && si == 4 && act == 1 && withb) /* for the record */
+                        printf("conv2d 64x32x32 tf32 vs cpu tc rounding: %.2e normwise\n",
+                               max_abs_diff(got, ref, no) / max_abs(ref, no));
                 }
             }
         free(in); free(w); free(b); free(ref); free(got);
@@ -500,15 +566,18 @@ START_TEST(test_conv)
         float *b = hrand((size_t)co, 120, -1, 1);
         float *ref = malloc(no * sizeof(float)), *got = hpoison(no);
         float *din = dput(in, ni), *dw = dput(w, nw), *db = dput(b, (size_t)co), *dout = dalloc(no * 4);
-        ms_backend cb = cpu_be();
         for (int act = 0; act < 3; act++) {
-            OK(op_conv_transpose2x2(&cb, ref, in, w, b, ci, h, wd, co, (ms_act)act));
             BOTH_MODES
             {
-                ms_backend gb = gpu_be(mode == 0);
+                ms_backend gb = gpu_be(mode == 0), cb = cpu_ref(mode);
+                OK(op_conv_transpose2x2(&cb, ref, in, w, b, ci, h, wd, co, (ms_act)act));
+                dpoison(dout, no * 4);
                 OK(op_conv_transpose2x2(&gb, dout, din, dw, db, ci, h, wd, co, (ms_act)act));
                 dget(got, dout, no * 4);
-                check_close(got, ref, no, mode ? TOL_BF16 : TOL_FP32, "conv_transpose2x2");
+                check_close(got, ref, no, mode ? TOL_TC : TOL_FP32, "conv_transpose2x2");
+                if (mode && si == 1 && act == 0)
+                    printf("conv_transpose2x2 64->32 bf16 vs cpu tc rounding: %.2e normwise\n",
+                           max_abs_diff(got, ref, no) / max_abs(ref, no));
             }
         }
         free(in); free(w); free(b); free(ref); free(got);
@@ -533,6 +602,7 @@ START_TEST(test_image_ops)
         for (int gi = 0; gi < 3; gi++) {
             int gh = grids[gi][0] < h ? grids[gi][0] : h, gw = grids[gi][1] < w ? grids[gi][1] : w;
             OK(op_adaptive_avgpool(&cb, ref, in, c, h, w, gh, gw));
+            dpoison(dout, (size_t)c * gh * gw * 4);
             OK(op_adaptive_avgpool(&gb, dout, din, c, h, w, gh, gw));
             dget(got, dout, (size_t)c * gh * gw * 4);
             check_close(got, ref, (size_t)c * gh * gw, TOL_FP32, "adaptive_avgpool");
@@ -540,6 +610,7 @@ START_TEST(test_image_ops)
         if (h >= 2 && w >= 2) {
             size_t no = (size_t)c * (h / 2) * (w / 2);
             OK(op_maxpool2x2(&cb, ref, in, c, h, w));
+            dpoison(dout, no * 4);
             OK(op_maxpool2x2(&gb, dout, din, c, h, w));
             dget(got, dout, no * 4);
             check_close(got, ref, no, 0.0, "maxpool2x2");
@@ -549,10 +620,12 @@ START_TEST(test_image_ops)
             int ho = sizes[zi][0], wo = sizes[zi][1];
             size_t no = (size_t)c * ho * wo;
             OK(op_resize_bilinear(&cb, ref, in, c, h, w, ho, wo, 0.0, 0.0));
+            dpoison(dout, no * 4);
             OK(op_resize_bilinear(&gb, dout, din, c, h, w, ho, wo, 0.0, 0.0));
             dget(got, dout, no * 4);
             check_close(got, ref, no, TOL_FP32, "resize_bilinear");
             OK(op_resize_bicubic(&cb, ref, in, c, h, w, ho, wo));
+            dpoison(dout, no * 4);
             OK(op_resize_bicubic(&gb, dout, din, c, h, w, ho, wo));
             dget(got, dout, no * 4);
             check_close(got, ref, no, TOL_FP32, "resize_bicubic");
@@ -560,6 +633,7 @@ START_TEST(test_image_ops)
         { /* by scale factor 4 */
             size_t no = (size_t)c * (4 * h) * (4 * w);
             OK(op_resize_bilinear(&cb, ref, in, c, h, w, 4 * h, 4 * w, 4.0, 4.0));
+            dpoison(dout, no * 4);
             OK(op_resize_bilinear(&gb, dout, din, c, h, w, 4 * h, 4 * w, 4.0, 4.0));
             dget(got, dout, no * 4);
             check_close(got, ref, no, TOL_FP32, "resize_bilinear scale");
@@ -568,6 +642,7 @@ START_TEST(test_image_ops)
             int ho = (h + 1) / 2, wo = w - w / 3;
             size_t no = (size_t)c * ho * wo;
             OK(op_crop(&cb, ref, in, c, h, w, ho, wo));
+            dpoison(dout, no * 4);
             OK(op_crop(&gb, dout, din, c, h, w, ho, wo));
             dget(got, dout, no * 4);
             check_close(got, ref, no, 0.0, "crop");
@@ -580,6 +655,7 @@ START_TEST(test_image_ops)
             uint8_t *ra = malloc(np), *ga = malloc(np);
             uint8_t *da = dalloc(np);
             OK(op_argmax(&cb, ra, q, c, h, w));
+            dpoison(da, np);
             OK(op_argmax(&gb, da, dq, c, h, w));
             dget(ga, da, np);
             ck_assert_int_eq(memcmp(ra, ga, np), 0);
@@ -593,8 +669,9 @@ START_TEST(test_image_ops)
         size_t mark = arena_mark(&g_dev), ni = 3 * (size_t)h * w, no = 3 * (size_t)hp * wp;
         float *img = hrand(ni, 140, 0, 255), *ref = malloc(no * 4), *got = hpoison(no);
         const float mean[3] = {123.675f, 116.28f, 103.53f}, stdv[3] = {58.395f, 57.12f, 57.375f};
-        float *dimg = dput(img, ni), *dout = dput(got, no);
+        float *dimg = dput(img, ni), *dout = dalloc(no * 4);
         OK(op_normalize_pad(&cb, ref, img, h, w, hp, wp, mean, stdv));
+        dpoison(dout, no * 4);
         OK(op_normalize_pad(&gb, dout, dimg, h, w, hp, wp, mean, stdv));
         dget(got, dout, no * 4);
         check_close(got, ref, no, TOL_FP32, "normalize_pad");
@@ -614,7 +691,7 @@ START_TEST(test_errors)
     ck_assert_int_ne(op_mita(&gb, NULL, NULL, 4, 4, 10, 3, &p, NULL), MS_OK);
     ck_assert_str_ne(ms_last_error(), "");
     /* GPU out of memory: a status and a message, not a crash. Not under
-     * MS_BACKEND_SMALL, the compute-sanitizer run (tests/gpu/device-check.sh):
+     * MS_BACKEND_SMALL, the compute-sanitizer run (tests/gpu/gpu-run.sh):
      * the sanitizer counts the deliberately failing cudaMalloc (and the
      * cudaGetLastError that clears it) as errors, failing that run. */
     if (!g_small) {
@@ -634,10 +711,16 @@ END_TEST
 
 
 /* End to end on the fixtures: the engine on CUDA against the engine on the
- * CPU, same model, same image. Masks agree on >= 99.5% of the pixels (the
- * issue's bound: a pixel whose top two logits are within the GEMMs' rounding
- * may flip); in FP32 mode the logits agree within 1e-3 of their range (many
- * layers of 1e-6-level differences) and the MiTA records are identical. */
+ * CPU, same model, same image; FP32 mode against the plain CPU, tensor-core
+ * mode against the CPU with the same operand rounding (tc_round). Against
+ * the plain CPU the tensor-core mode would fail on correct code: the rounding
+ * alone moves 8% of pad_resize's pixels and 22% of its MiTA decisions
+ * (test_tc_round). Against the matching reference only summation order
+ * differs, so both modes are held to the same tight bounds: masks >= 99.5%
+ * equal (a pixel whose top two logits nearly tie may flip), logits within
+ * 1e-3 of their range, at most 0.1% of the MiTA record entries differ
+ * (near-ties; test_mita checks those against exact scores). The agreement
+ * is printed for the record. */
 static void e2e_case(const char *case_name)
 {
     char mpath[256], gpath[256], mfull[4096];
@@ -650,16 +733,17 @@ static void e2e_case(const char *case_name)
     ck_assert_ptr_nonnull(img_t);
     ms_image img = {.h = (int)img_t->shape[0], .w = (int)img_t->shape[1],
                     .rgb = (uint8_t *)img_t->data};
-    ms_run_options ro = {.attention = -1, .record = true};
+    const char *sl = model_file_metadata(g, "slide"); /* windows run only without records */
+    ms_run_options ro = {.attention = -1, .record = !(sl && !strcmp(sl, "yes"))};
     const char *att = model_file_metadata(g, "attention");
     if (att) ro.attention = strcmp(att, "full") ? MS_ATTN_MITA : MS_ATTN_FULL;
 
-    ms_engine_options co = {.device = MS_DEV_CPU, .threads = 0};
-    ms_engine *ec = NULL;
-    ck_assert_msg(engine_init(&ec, mfull, &co) == MS_OK, "%s", ms_last_error());
-    ms_result rc = {0};
-    ck_assert_msg(engine_run(ec, &rc, &img, &ro) == MS_OK, "%s", ms_last_error());
     for (int mode = 0; mode < 2; mode++) {
+        ms_engine_options co = {.device = MS_DEV_CPU, .threads = 0, .tc_round = mode == 1};
+        ms_engine *ec = NULL;
+        ck_assert_msg(engine_init(&ec, mfull, &co) == MS_OK, "%s", ms_last_error());
+        ms_result rc = {0};
+        ck_assert_msg(engine_run(ec, &rc, &img, &ro) == MS_OK, "%s", ms_last_error());
         ms_engine_options go = {.device = MS_DEV_CUDA, .fp32 = mode == 0};
         ms_engine *eg = NULL;
         ck_assert_msg(engine_init(&eg, mfull, &go) == MS_OK, "%s cuda: %s", case_name,
@@ -669,48 +753,35 @@ static void e2e_case(const char *case_name)
         for (int rep = 0; rep < 2; rep++) /* the second run reuses the sized arena */
             ck_assert_msg(engine_run(eg, &rg, &img, &ro) == MS_OK, "%s cuda: %s", case_name,
                           ms_last_error());
-        ck_assert_int_eq(rg.h, rc.h);
-        ck_assert_int_eq(rg.w, rc.w);
-        size_t np = (size_t)rc.h * rc.w, same = 0;
-        for (size_t i = 0; i < np; i++) same += rg.mask[i] == rc.mask[i];
-        ck_assert_msg((double)same >= 0.995 * (double)np, "%s %s: masks agree on %.3f%%",
-                      case_name, mode ? "bf16" : "fp32", 100.0 * (double)same / (double)np);
-        if (mode == 0) {
-            char what[96];
-            snprintf(what, sizeof what, "%s fp32 logits", case_name);
-            check_close(rg.logits, rc.logits, np * (size_t)rc.classes, 1e-3, what);
-            if (rc.attention == MS_ATTN_MITA && rc.topk_idx && rg.topk_idx) {
-                size_t per = (size_t)rc.depth * rc.heads * rc.m * rc.k;
-                size_t pr = (size_t)rc.depth * rc.heads * rc.n;
-                /* identical up to near-ties (test_mita checks those exactly;
-                 * here the scores are not at hand): at most 0.1% of entries */
-                size_t diff = 0, total = 0;
-                for (int l = 0; l < rc.depth; l++) {
-                    if (!rc.layer_mita[l]) continue;
-                    size_t a = per / rc.depth, b = pr / rc.depth;
-                    for (size_t j = 0; j < a; j++)
-                        diff += rg.topk_idx[l * a + j] != rc.topk_idx[l * a + j];
-                    for (size_t j = 0; j < b; j++) diff += rg.route[l * b + j] != rc.route[l * b + j];
-                    total += a + b;
-                }
-                if (diff) printf("e2e %s: %zu of %zu MiTA record entries differ\n", case_name, diff, total);
-                ck_assert_msg(diff * 1000 <= total, "%s: %zu of %zu MiTA record entries differ",
-                              case_name, diff, total);
-            }
-        }
+        ms_agreement a;
+        OK(result_compare(&a, &rg, &rc));
+        const char *mname = mode ? "tensor cores vs cpu tc rounding" : "fp32 vs cpu";
+        printf("e2e %-16s %s: masks %.2f%% equal, logits %.2e, MiTA records %zu of %zu differ\n",
+               case_name, mname, 100.0 * a.mask_same, a.logits_err, a.rec_diff, a.rec_total);
+        ck_assert_msg(a.mask_same >= 0.995, "%s %s: masks agree on %.3f%%", case_name, mname,
+                      100.0 * a.mask_same);
+        ck_assert_msg(a.logits_err <= 1e-3, "%s %s: logits differ by %.3g",
+                      case_name, mname, a.logits_err);
+        ck_assert_msg(a.rec_diff * 1000 <= a.rec_total, "%s %s: %zu of %zu MiTA record entries "
+                      "differ", case_name, mname, a.rec_diff, a.rec_total);
         result_free(&rg);
         engine_free(eg);
+        result_free(&rc);
+        engine_free(ec);
     }
-    result_free(&rc);
-    engine_free(ec);
     model_file_close(g);
 }
 
 START_TEST(test_e2e_fixtures)
 {
-    const char *cases[] = {"full_none", "mita_d", "mita_sqrtd_conv", "pad_resize",
-                           "posgrid",   "small_grid", "f16"};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) e2e_case(cases[i]);
+    const char *cases[] = {"pad_resize", "full_none", "mita_d", "mita_sqrtd_conv",
+                           "posgrid",    "small_grid", "f16",      "cls_mita",
+                           "cls_full",   "mmseg_pad",  "slide"};
+    /* the small set (memcheck) keeps MiTA with resize and padding, and full
+     * attention: each case makes four engines, and handle creation under the
+     * sanitizer takes seconds */
+    size_t n = g_small ? 2 : sizeof cases / sizeof cases[0];
+    for (size_t i = 0; i < n; i++) e2e_case(cases[i]);
 }
 END_TEST
 
@@ -740,10 +811,26 @@ static Suite *backend_suite(void)
 
 int main(void)
 {
+    /* the versions first: most reasons a GPU cannot be used are here */
+    ms_cuda_versions v;
+    cuda_query_versions(&v);
+    printf("cuda: driver %d.%d, runtime %d.%d (built %d.%d), cublas %d, cudnn %d (built %d)\n",
+           v.driver / 1000, (v.driver % 1000) / 10, v.runtime / 1000, (v.runtime % 1000) / 10,
+           v.runtime_build / 1000, (v.runtime_build % 1000) / 10, v.cublas, v.cudnn,
+           v.cudnn_build);
+    bool present = ms_gpu_present();
+    if (present && v.driver && v.driver < v.runtime) {
+        printf("FAIL: the CUDA driver (supports %d.%d) is older than the runtime (%d.%d)\n",
+               v.driver / 1000, (v.driver % 1000) / 10, v.runtime / 1000,
+               (v.runtime % 1000) / 10);
+        return 1;
+    }
     ms_status st = cuda_ctx_init(&g_cu, 0);
     if (st != MS_OK) {
-        printf("skipped: no usable CUDA device: %s\n", ms_last_error());
-        return 77;
+        /* without a GPU: skipped; with one there, not using it is a failure */
+        printf("%s: no usable CUDA device: %s\n", present ? "FAIL (a GPU is present)" : "skipped",
+               ms_last_error());
+        return present ? 1 : 77;
     }
     printf("device: %s\n", cuda_ctx_name(g_cu));
     const char *small = getenv("MS_BACKEND_SMALL");
@@ -771,6 +858,9 @@ int main(void)
 int main(void)
 {
     printf("skipped: this build has no CUDA backend (configure with the CUDA toolkit, MS_CUDA=ON)\n");
+    /* a CPU-only build on a GPU machine is a choice (-DMS_CUDA=OFF), not a
+     * failure of the GPU: still skipped, but said */
+    if (ms_gpu_present()) printf("note: this machine has a GPU\n");
     return 77;
 }
 

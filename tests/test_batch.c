@@ -236,33 +236,122 @@ START_TEST(inputs_never_overwritten)
     ck_assert_int_eq(batch_add_path(&l, at("e"), false), MS_OK);
     batch_sort_unique(&l);
     ck_assert_int_eq(l.n, 3);
+    ck_assert_int_eq(batch_note_inputs(&l), MS_OK);
     char *out;
     /* -o is the input folder: x.png -> x.png is the input itself */
     ck_assert_int_eq(batch_output_path(&out, at("e"), "x.png", ".png"), MS_OK);
-    ck_assert_int_eq(batch_check_output(&l, out), MS_ERR_ARG);
+    ck_assert_int_eq(fio_check_output(out), MS_ERR_ARG);
     ck_assert_ptr_nonnull(strstr(ms_last_error(), "would overwrite the input"));
     free(out);
     /* another spelling of the same folder */
     ck_assert_int_eq(batch_output_path(&out, at("e/../e/."), "x.png", ".png"), MS_OK);
-    ck_assert_int_eq(batch_check_output(&l, out), MS_ERR_ARG);
+    ck_assert_int_eq(fio_check_output(out), MS_ERR_ARG);
     free(out);
     /* a.jpg -> a.png, which is another input */
     ck_assert_int_eq(batch_output_path(&out, at("e"), "a.jpg", ".png"), MS_OK);
-    ck_assert_int_eq(batch_check_output(&l, out), MS_ERR_ARG);
+    ck_assert_int_eq(fio_check_output(out), MS_ERR_ARG);
     free(out);
     /* overlay names are not inputs; a new folder is fine */
     ck_assert_int_eq(batch_output_path(&out, at("e"), "a.jpg", ".overlay.png"), MS_OK);
-    ck_assert_int_eq(batch_check_output(&l, out), MS_OK);
+    ck_assert_int_eq(fio_check_output(out), MS_OK);
     free(out);
     ck_assert_int_eq(batch_output_path(&out, at("masks"), "x.png", ".png"), MS_OK);
-    ck_assert_int_eq(batch_check_output(&l, out), MS_OK);
+    ck_assert_int_eq(fio_check_output(out), MS_OK);
     free(out);
     /* an existing file that is not an input may be replaced */
     touch("masks/x.png", "old mask");
     ck_assert_int_eq(batch_output_path(&out, at("masks"), "x.png", ".png"), MS_OK);
-    ck_assert_int_eq(batch_check_output(&l, out), MS_OK);
+    ck_assert_int_eq(fio_check_output(out), MS_OK);
     free(out);
     batch_list_free(&l);
+}
+END_TEST
+
+/* -r over loops: loop -> . and up -> ../ would list without end (each level
+ * doubling); every folder is walked once, under its real path (a link into
+ * the tree, even one sorting first, adds nothing), and a link out of the
+ * tree is walked. Files keep every name they have (a link to a file is an
+ * input of its own name). */
+START_TEST(link_loops_walked_once)
+{
+    touch("t/b.png", "x");
+    touch("t/sub/a.png", "x");
+    touch("t/run3/r.png", "x");
+    touch("outside/o.png", "x");
+    ck_assert_int_eq(symlink(".", at("t/sub/loop")), 0);
+    ck_assert_int_eq(symlink("../", at("t/sub/up")), 0);
+    ck_assert_int_eq(symlink("a.png", at("t/sub/alias.png")), 0);
+    ck_assert_int_eq(symlink("run3", at("t/latest")), 0); /* "latest" sorts before "run3" */
+    ck_assert_int_eq(symlink("../../outside", at("t/sub/ext")), 0);
+    ms_batch_list l;
+    batch_list_init(&l);
+    ck_assert_int_eq(batch_add_path(&l, at("t"), true), MS_OK);
+    batch_sort_unique(&l);
+    ck_assert_int_eq(l.n, 5);
+    ck_assert_int_ge(find_rel(&l, "b.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "sub/a.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "sub/alias.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "run3/r.png"), 0);
+    ck_assert_int_ge(find_rel(&l, "sub/ext/o.png"), 0);
+    ck_assert_int_eq(l.n_bad, 0);
+    batch_list_free(&l);
+}
+END_TEST
+
+/* An empty sub-folder under -r (qsort(NULL, 0) was undefined behaviour,
+ * caught by the sanitizer build of this test). */
+START_TEST(empty_subfolders)
+{
+    ck_assert_int_eq(mkdir(at("empty"), 0777), 0);
+    ck_assert_int_eq(mkdir(at("empty/inner"), 0777), 0);
+    touch("empty/inner2/z.png", "x");
+    ck_assert_int_eq(mkdir(at("empty/inner2/none"), 0777), 0);
+    ms_batch_list l;
+    batch_list_init(&l);
+    ck_assert_int_eq(batch_add_path(&l, at("empty/inner"), true), MS_OK);
+    ck_assert_int_eq(l.n, 0);
+    ck_assert_int_eq(batch_add_path(&l, at("empty"), true), MS_OK);
+    ck_assert_int_eq(l.n, 1);
+    batch_list_free(&l);
+}
+END_TEST
+
+/* What cannot be added is reported, one message each, and the rest is still
+ * read: a NUL byte in a list line, a dangling link or FIFO with an image's
+ * name, an unreadable sub-folder. */
+START_TEST(bad_entries_reported_not_dropped)
+{
+    char text[] = "a.png\nbad\0name.png\nb.JPG\n";
+    FILE *f = fmemopen(text, sizeof text - 1, "r");
+    ck_assert_ptr_nonnull(f);
+    ms_batch_list l;
+    batch_list_init(&l);
+    ck_assert_int_eq(batch_add_stream(&l, f, "list.txt", at("d"), false), MS_OK);
+    fclose(f);
+    ck_assert_int_eq(l.n, 2);
+    ck_assert_int_ge(find_rel(&l, "b.JPG"), 0);
+    ck_assert_int_eq(l.n_bad, 1);
+    ck_assert_ptr_nonnull(strstr(l.bad[0], "list.txt:2: NUL byte"));
+    batch_list_free(&l);
+
+    touch("w/ok.png", "x");
+    ck_assert_int_eq(symlink("nowhere.png", at("w/dangling.png")), 0);
+    ck_assert_int_eq(mkfifo(at("w/fifo.png"), 0666), 0);
+    ck_assert_int_eq(mkdir(at("w/locked"), 0), 0);
+    batch_list_init(&l);
+    ck_assert_int_eq(batch_add_path(&l, at("w"), true), MS_OK);
+    ck_assert_int_eq(l.n, 1);
+    /* root reads any folder: the locked one is then simply empty */
+    int want = geteuid() == 0 ? 2 : 3;
+    ck_assert_int_eq(l.n_bad, want);
+    bool dangling = false, fifo = false;
+    for (int i = 0; i < l.n_bad; i++) {
+        dangling |= strstr(l.bad[i], "dangling.png: cannot read") != NULL;
+        fifo |= strstr(l.bad[i], "fifo.png: not a regular file") != NULL;
+    }
+    ck_assert(dangling && fifo);
+    batch_list_free(&l);
+    chmod(at("w/locked"), 0777);
 }
 END_TEST
 
@@ -436,6 +525,15 @@ START_TEST(tiled_average)
     ck_assert_int_eq(batch_run_tiled(mask2, NULL, rgb, W, H, 2, 4, 1, fake_run, &c), MS_OK);
     ck_assert_mem_eq(mask, mask2, sizeof mask);
     ck_assert_int_eq(batch_run_tiled(mask2, NULL, rgb, W, H, 2, 4, 4, fake_run, &c), MS_ERR_ARG);
+    /* Stride 1 on a 4-pixel tile runs each pixel about 16 times: allowed;
+     * a 16-pixel tile with stride 1 (256 times) is refused before any run. */
+    ck_assert_int_eq(batch_run_tiled(mask2, NULL, rgb, W, H, 2, 4, 3, fake_run, &c), MS_OK);
+    int calls = c.calls;
+    uint8_t *big = calloc(64 * 64 * 3, 1), *bmask = malloc(64 * 64);
+    ck_assert_int_eq(batch_run_tiled(bmask, NULL, big, 64, 64, 2, 16, 15, fake_run, &c), MS_ERR_ARG);
+    ck_assert_msg(strstr(ms_last_error(), "would run each pixel"), "%s", ms_last_error());
+    ck_assert_int_eq(c.calls, calls);
+    free(big), free(bmask);
 }
 END_TEST
 
@@ -466,6 +564,9 @@ int main(void)
     tcase_add_test(tc, stdin_stream);
     tcase_add_test(tc, output_paths);
     tcase_add_test(tc, inputs_never_overwritten);
+    tcase_add_test(tc, link_loops_walked_once);
+    tcase_add_test(tc, empty_subfolders);
+    tcase_add_test(tc, bad_entries_reported_not_dropped);
     tcase_add_test(tc, collisions);
     tcase_add_test(tc, output_folder_inside_input_is_skipped);
     tcase_add_test(tc, shards_disjoint_and_covering);

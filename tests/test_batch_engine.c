@@ -25,13 +25,19 @@
 
 static const char *const models[] = {"mita_d.model.safetensors", "full_none.model.safetensors"};
 
-/* NULL (and a note) when CUDA is asked for but not usable here. */
+/* NULL (and a note) when CUDA is asked for but not usable here: a build
+ * without CUDA, or a machine without a GPU. With a GPU present
+ * (ms_gpu_present), not using it fails the test. */
 static ms_engine *open_engine_on(const char *name, ms_device_choice dev)
 {
     ms_engine_options eo = {.device = dev, .threads = 2, .fp32 = true};
     ms_engine *e = NULL;
     ms_status st = engine_init(&e, fixture_path(name), &eo);
     if (dev == MS_DEV_CUDA && st == MS_ERR_UNSUPPORTED) {
+#ifdef MS_HAVE_CUDA
+        ck_assert_msg(!ms_gpu_present(), "a GPU is present but CUDA is not usable: %s",
+                      ms_last_error());
+#endif
         fprintf(stderr, "note: no CUDA here (%s); the GPU batch case is not run\n",
                 ms_last_error());
         return NULL;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kernels/conv.h"
 #include "kernels/image_cuda_math.h"
@@ -527,6 +528,43 @@ static void check_bf16(uint32_t u)
                   got, want);
 }
 
+/* mita_cuda takes n * 3c past 2^31 (ViT-B, c = 768, from 932K tokens): the
+ * index math the kernels share, at such a size. A 1024 x 1024 token grid at
+ * c = 768 is 2.4e9 floats (9.7 GB): mapped without reserving memory, only the
+ * pages the test writes are backed; the rest reads as zeros. */
+START_TEST(test_mita_index_64bit)
+{
+    const int hp = 1024, wp = 1024, c = 768, c3 = 3 * c, gh = 64, gw = 64;
+    const long n = (long)hp * wp;
+    ck_assert((double)n * c3 > (double)INT32_MAX);
+    /* exact offsets past 2^31 (the last token's last v channel) */
+    ck_assert_uint_eq(mita_qkv_index(n - 1, c3, c3 - 1), (size_t)2415919103ull);
+    ck_assert_uint_eq(mita_qkv_index(932000, c3, 2 * c), (size_t)932000 * 2304 + 1536);
+    size_t bytes = (size_t)n * c3 * sizeof(float);
+    float *qkv = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (qkv == MAP_FAILED) {
+        printf("note: cannot map %zu bytes of address space; 64-bit index case not run\n", bytes);
+        return;
+    }
+    /* the last landmark's window: tokens (1008..1023, 1008..1023); q channel
+     * c - 1 there holds its token's row number; everywhere else zeros */
+    const int ch = c - 1;
+    double want = 0;
+    for (int y = 1008; y < 1024; y++)
+        for (int x = 1008; x < 1024; x++) {
+            qkv[mita_qkv_index((long)y * wp + x, c3, ch)] = (float)y;
+            want += y;
+        }
+    want /= 16.0 * 16.0;
+    float got = mita_landmark_value(qkv, hp, wp, c3, ch, gh - 1, gw - 1, gh, gw);
+    ck_assert_double_eq_tol(got, want, 1e-3);
+    /* a landmark whose window holds none of them reads the zeros */
+    ck_assert_float_eq(mita_landmark_value(qkv, hp, wp, c3, ch, 0, 0, gh, gw), 0.0f);
+    munmap(qkv, bytes);
+}
+END_TEST
+
 START_TEST(test_bf16_round)
 {
     /* hand-checked cases: ties to even, subnormals, overflow, NaN */
@@ -583,6 +621,7 @@ static Suite *kernel_math_suite(void)
     tcase_add_test(tc, test_image_pixels);
     tcase_add_test(tc, test_convt_scatter);
     tcase_add_test(tc, test_bf16_round);
+    tcase_add_test(tc, test_mita_index_64bit);
     suite_add_tcase(s, tc);
     return s;
 }

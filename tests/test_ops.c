@@ -193,6 +193,58 @@ START_TEST(test_add_transpose_crop)
 }
 END_TEST
 
+/* Sliding windows as mmseg's slide_inference writes them (grids, starts,
+ * coverage), and the window ops against a direct sum / count. */
+START_TEST(test_slide_windows)
+{
+    const int cases[][3] = {{40, 24, 16}, {52, 28, 12}, {512, 512, 341}, {683, 512, 341},
+                            {500, 512, 341}, {100, 512, 341}, {7, 3, 3}, {10, 4, 1}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int len = cases[ci][0], crop = cases[ci][1], stride = cases[ci][2];
+        int grids = (len - crop + stride - 1 > 0 ? len - crop + stride - 1 : 0) / stride + 1;
+        int win = crop < len ? crop : len;
+        ck_assert_int_eq(slide_windows(len, win, stride), grids);
+        int *cover = calloc((size_t)len, sizeof(int));
+        for (int i = 0; i < grids; i++) {
+            int y2 = i * stride + crop < len ? i * stride + crop : len;
+            int y1 = y2 - crop > 0 ? y2 - crop : 0; /* mmseg's window */
+            ck_assert_int_eq(slide_start(i, len, win, stride), y1);
+            for (int y = y1; y < y2; y++) cover[y]++;
+        }
+        for (int y = 0; y < len; y++) ck_assert_int_eq(slide_count(y, len, win, stride), cover[y]);
+        free(cover);
+    }
+
+    /* 2 channels, 9x11 map, 5x6 windows at strides 4, 5: 2x2 windows */
+    ms_backend be = cpu_backend();
+    const int c = 2, h = 9, w = 11, wh = 5, ww = 6, sh = 4, sw = 5;
+    int ny = slide_windows(h, wh, sh), nx = slide_windows(w, ww, sw);
+    float *acc = frand((size_t)c * h * w, 3, -9, 9); /* garbage: the first window clears it */
+    double *sum = dalloc((size_t)c * h * w), *cnt = dalloc((size_t)h * w);
+    for (int i = 0; i < ny * nx; i++) {
+        int y0 = slide_start(i / nx, h, wh, sh), x0 = slide_start(i % nx, w, ww, sw);
+        float *win = frand((size_t)c * wh * ww, 40 + i, -1, 1);
+        ck_assert_int_eq(op_window_add(&be, acc, win, c, h, w, wh, ww, y0, x0, i == 0), MS_OK);
+        for (int ch = 0; ch < c; ch++)
+            for (int y = 0; y < wh; y++)
+                for (int x = 0; x < ww; x++)
+                    sum[((size_t)ch * h + y0 + y) * w + x0 + x] += win[((size_t)ch * wh + y) * ww + x];
+        for (int y = 0; y < wh; y++)
+            for (int x = 0; x < ww; x++) cnt[(size_t)(y0 + y) * w + x0 + x] += 1;
+        ms_free(win);
+    }
+    ck_assert_int_eq(op_window_average(&be, acc, c, h, w, wh, ww, sh, sw), MS_OK);
+    for (int ch = 0; ch < c; ch++)
+        for (size_t p = 0; p < (size_t)h * w; p++) {
+            ck_assert(cnt[p] >= 1);
+            ck_assert_double_eq_tol(acc[(size_t)ch * h * w + p], sum[(size_t)ch * h * w + p] / cnt[p],
+                                    1e-6);
+        }
+    ck_assert_int_ne(op_window_add(&be, acc, acc, c, h, w, wh, ww, 5, 0, false), MS_OK); /* off the map */
+    ms_free(acc); free(sum); free(cnt);
+}
+END_TEST
+
 START_TEST(test_softmax_rows)
 {
     ms_backend be = cpu_backend();
@@ -887,10 +939,10 @@ START_TEST(test_mita_thread_count_independent)
     float *a = falloc((size_t)n * c), *b = falloc((size_t)n * c);
     int32_t ia[2 * 12 * 11], ib[2 * 12 * 11];
     ms_mita_record ra = {ia, NULL, NULL}, rb = {ib, NULL, NULL};
-    void *ws = ms_malloc(mita_scratch_bytes(hp, wp, c, heads, gh, gw, k, 3));
+    void *ws = ms_malloc(mita_scratch_bytes(hp, wp, 0, c, heads, gh, gw, k, 3));
     ck_assert_ptr_nonnull(ws);
-    mita_cpu(a, qkv, hp, wp, c, heads, gh, gw, k, true, &ra, ws, 1);
-    mita_cpu(b, qkv, hp, wp, c, heads, gh, gw, k, true, &rb, ws, 3);
+    mita_cpu(a, qkv, hp, wp, 0, c, heads, gh, gw, k, true, &ra, ws, 1);
+    mita_cpu(b, qkv, hp, wp, 0, c, heads, gh, gw, k, true, &rb, ws, 3);
     check_close_f(a, b, (size_t)n * c, 1e-6, "mita 1 vs 3 threads");
     ck_assert_mem_eq(ia, ib, sizeof ia); /* random data: no ties within an ulp */
     ms_free(ws); ms_free(qkv); ms_free(a); ms_free(b);
@@ -970,7 +1022,7 @@ START_TEST(test_dispatch_scratch)
     ck_assert_int_eq(op_attention_full(&be, NULL, NULL, n, c, heads), MS_OK);
     ck_assert_uint_eq(arena.used, 0);
     size_t need = arena.high;
-    ck_assert_uint_ge(need, mita_scratch_bytes(hp, wp, c, heads, 7, 7, 49, be.threads > 0 ? be.threads : 1));
+    ck_assert_uint_ge(need, mita_scratch_bytes(hp, wp, 0, c, heads, 7, 7, 49, be.threads > 0 ? be.threads : 1));
     ck_assert_uint_ge(need, conv2d_scratch_floats(8, 20, 30, 4, 3, 3, 1, 1) * sizeof(float));
     arena_free(&arena);
 
@@ -1005,6 +1057,7 @@ int main(void)
     tcase_add_test(tc, test_layernorm);
     tcase_add_test(tc, test_add_transpose_crop);
     tcase_add_test(tc, test_softmax_rows);
+    tcase_add_test(tc, test_slide_windows);
     tcase_add_test(tc, test_argmax_normalize);
     tcase_add_test(tc, test_adaptive_pool);
     tcase_add_test(tc, test_maxpool);

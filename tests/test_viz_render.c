@@ -1,11 +1,13 @@
 /* The renderer's pixels on a synthetic engine result: overlay blending,
  * hidden classes, pruned positions, the film strip, the expert window,
- * routing colours, hit testing and the colour maps. */
+ * routing colours, hit testing and the colour maps; the difference view, the
+ * chart views (stats, sweep) and zoom. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
+#include "viz/plot.h"
 #include "viz/render.h"
 
 /* A 64x48 image on an 8-pixel patch grid (hp 6, wp 8, n 48), 2x2 landmarks
@@ -230,6 +232,22 @@ START_TEST(test_selection_counts)
     }
     /* the full-attention layer has no selections */
     ck_assert_int_eq(viz_selection_counts(count, &f.res, 1, -1), -1);
+
+    /* class token (mita-spec 2.7: recorded as position n): counted apart,
+     * never as a grid token */
+    ck_assert_int_eq(viz_cls_picks(&f.res, 2, -1), -1); /* no class token */
+    f.res.ncls = 1;
+    int32_t *l2 = f.res.topk_idx + (size_t)2 * HEADS * M * K; /* layer 2 */
+    l2[0] = NT;                   /* head 0, expert 0 */
+    l2[(size_t)M * K + K] = NT;   /* head 1, expert 1 */
+    l2[(size_t)M * K + K + 1] = NT - 1;
+    ck_assert_int_eq(viz_cls_picks(&f.res, 2, -1), 2);
+    ck_assert_int_eq(viz_cls_picks(&f.res, 2, 0), 1);
+    ck_assert_int_eq(viz_cls_picks(&f.res, 1, -1), -1); /* full attention there */
+    viz_selection_counts(count, &f.res, 2, -1);
+    int total = 0;
+    for (int t = 0; t < NT; t++) total += count[t];
+    ck_assert_int_eq(total, HEADS * M * K - 2);
     fixture_free(&f);
 }
 END_TEST
@@ -545,6 +563,276 @@ START_TEST(test_full_attention_run)
 }
 END_TEST
 
+
+/* A full-attention result of the fixture image: MiTA's mask but class 2 in
+ * the rectangle x 8..23, y 8..15 (MiTA: class 0 there). */
+static void full_make(ms_result *fr, const fixture *f)
+{
+    *fr = f->res;
+    fr->topk_idx = fr->route = NULL;
+    fr->shared_mass = NULL;
+    fr->layer_mita = NULL;
+    fr->attention = MS_ATTN_FULL;
+    fr->mask = malloc(IW * IH);
+    memcpy(fr->mask, f->res.mask, IW * IH);
+    for (int y = 8; y < 16; y++)
+        for (int x = 8; x < 24; x++) fr->mask[y * IW + x] = 2;
+}
+
+static void dim_of(uint8_t out[3], const uint8_t *src)
+{
+    int g = (src[0] * 77 + src[1] * 150 + src[2] * 29) >> 8;
+    out[0] = out[1] = out[2] = (uint8_t)(g * 2 / 5);
+}
+
+START_TEST(test_diff_view)
+{
+    fixture f;
+    fixture_make(&f, 3);
+    ms_result fr;
+    full_make(&fr, &f);
+    viz_state st;
+    state_for(&st, &f);
+    st.view = VIZ_DIFF;
+    /* without the full run: the image dimmed, nothing coloured */
+    uint8_t *px = render(&st);
+    viz_layout lay;
+    viz_layout_compute(&lay, WW, WH, &st);
+    int ix = lay.image.x + 12 * SCALE + 1, iy = lay.image.y + 10 * SCALE + 1; /* image (12, 10) */
+    uint8_t d[3];
+    dim_of(d, img_px(&f, 10, 12));
+    ck_assert_mem_eq(at(px, ix, iy), d, 3);
+    free(px);
+    /* with it: inside the changed rectangle MiTA's colour, on its rim full
+     * attention's, outside the dimmed image */
+    st.full = &fr;
+    ck_assert_ptr_eq(viz_full(&st), &fr);
+    px = render(&st);
+    ck_assert_mem_eq(at(px, ix, iy), pal[0], 3);
+    ck_assert_mem_eq(at(px, lay.image.x + 8 * SCALE, iy), pal[2], 3);               /* left rim */
+    ck_assert_mem_eq(at(px, lay.image.x + 24 * SCALE - 1, iy), pal[2], 3);          /* right rim */
+    ck_assert_mem_eq(at(px, lay.image.x + 16 * SCALE, lay.image.y + 8 * SCALE), pal[2], 3); /* top */
+    dim_of(d, img_px(&f, 30, 12));
+    ck_assert_mem_eq(at(px, ix, lay.image.y + 30 * SCALE + 1), d, 3);
+    free(px);
+    /* split: full attention's colour right of the divider (the pointer), MiTA's left */
+    st.diff_split = true;
+    st.mouse_x = lay.image.x + 16 * SCALE;
+    st.mouse_y = iy;
+    ck_assert_int_eq(viz_split_x(&lay, &st), st.mouse_x);
+    px = render(&st);
+    ck_assert_mem_eq(at(px, lay.image.x + 10 * SCALE + 1, iy), pal[0], 3);
+    ck_assert_mem_eq(at(px, lay.image.x + 20 * SCALE + 1, iy), pal[2], 3);
+    free(px);
+    /* another image's full run is not used */
+    fr.w = IW - 1;
+    ck_assert_ptr_null(viz_full(&st));
+    fr.w = IW;
+    /* the panel's depth chart: a click on layer 2's point selects it */
+    ck_assert_int_eq(lay.depth_chart, 0);
+    ck_assert_int_eq(lay.n_charts, 1);
+    viz_rect a = lay.chart[0];
+    for (int l = 0; l < 3; l++) {
+        viz_hit h = viz_hit_test(&lay, &st, viz_chart_x(a, 3, l), a.y + a.h / 2);
+        ck_assert_int_eq(h.kind, VIZ_HIT_LAYER);
+        ck_assert_int_eq(h.value, l);
+    }
+    free(fr.mask);
+    fixture_free(&f);
+}
+END_TEST
+
+/* True when some pixel of column x in [y0, y1) has colour rgb. */
+static bool column_has(const uint8_t *px, int x, int y0, int y1, const uint8_t rgb[3])
+{
+    for (int y = y0; y < y1; y++)
+        if (!memcmp(at(px, x, y), rgb, 3)) return true;
+    return false;
+}
+
+START_TEST(test_stats_view)
+{
+    fixture f;
+    fixture_make(&f, 4);
+    ms_stats s = {0};
+    ck_assert(stats_compute(&s, &f.res, NULL) == MS_OK);
+    ck_assert(!s.mita[1] && s.mita[2]); /* layer 1 of the fixture ran full attention */
+    /* the statistics' pruned fractions are the heatmap's */
+    int cnt[NT];
+    for (int l = 0; l < 4; l++)
+        for (int h = -1; h < HEADS && s.mita[l]; h++) {
+            ck_assert(viz_selection_counts(cnt, &f.res, l, h) >= 0);
+            double want = viz_pruned_fraction(NULL, cnt, &f.res);
+            double got = h < 0 ? s.pruned[l] : s.pruned_head[l * HEADS + h];
+            ck_assert_msg(fabs(got - want) < 1e-12, "layer %d head %d: %g vs heatmap %g", l, h, got, want);
+        }
+    ck_assert(s.pruned[0] > 0); /* row 5 of the token grid is never picked */
+    viz_state st;
+    state_for(&st, &f);
+    st.view = VIZ_STATS;
+    st.stats = &s;
+    st.layer = 2;
+    enum { BW = 1000, BH = 700 };
+    uint8_t *px = malloc((size_t)BW * BH * 4);
+    viz_render(px, BW, BH, &st);
+    viz_layout lay;
+    viz_layout_compute(&lay, BW, BH, &st);
+    ck_assert_int_eq(lay.n_charts, 5);
+    const uint8_t mark[3] = {VIZ_CHART_MARK_R, VIZ_CHART_MARK_G, VIZ_CHART_MARK_B};
+    const uint8_t white[3] = {255, 255, 255};
+#define PX(x, y) (px + ((size_t)(y) * BW + (x)) * 4)
+    for (int i = 0; i < 4; i++) {
+        viz_rect a = lay.chart[i];
+        /* the current layer marked, and not another */
+        bool marked = false, other = false;
+        for (int y = a.y; y < a.y + a.h; y++) {
+            marked |= !memcmp(PX(viz_chart_x(a, 4, 2), y), mark, 3);
+            other |= !memcmp(PX(viz_chart_x(a, 4, 0), y), mark, 3);
+        }
+        ck_assert_msg(marked && !other, "chart %d: layer 2 marked only", i);
+        /* a click on layer 3's bin selects layer 3 */
+        viz_hit h = viz_hit_test(&lay, &st, viz_chart_x(a, 4, 3) + 1, a.y + 3);
+        ck_assert_int_eq(h.kind, VIZ_HIT_LAYER);
+        ck_assert_int_eq(h.value, 3);
+    }
+    /* chart 0: the "all heads" pruned fraction as a white point at its value
+     * (y axis 0..1); layer 1 ran full attention: no point there */
+    viz_rect a = lay.chart[0];
+    for (int l = 0; l < 4; l++) {
+        int x = viz_chart_x(a, 4, l);
+        if (!s.mita[l]) {
+            ck_assert(!column_has(px, x, a.y, a.y + a.h, white));
+            continue;
+        }
+        int y = a.y + a.h - 1 - (int)lround(s.pruned[l] * (a.h - 1));
+        ck_assert_msg(!memcmp(PX(x, y), white, 3), "layer %d: no white point at (%d,%d)", l, x, y);
+    }
+    /* chart 4 (block differences) waits for the full run: no series drawn */
+    const uint8_t q[3] = {VIZ_QUERY_R, VIZ_QUERY_G, VIZ_QUERY_B};
+    ck_assert(!column_has(px, viz_chart_x(lay.chart[4], 4, 0), lay.chart[4].y, lay.chart[4].y + lay.chart[4].h, q));
+#undef PX
+    free(px);
+    /* the heatmap view's panel chart: every layer's pruned fraction, clickable */
+    st.view = VIZ_HEATMAP;
+    viz_layout_compute(&lay, BW, BH, &st);
+    ck_assert_int_eq(lay.n_charts, 1);
+    ck_assert_int_eq(lay.depth_chart, 0);
+    ck_assert(viz_rect_contains(lay.panel, lay.chart[0].x, lay.chart[0].y));
+    viz_hit h = viz_hit_test(&lay, &st, viz_chart_x(lay.chart[0], 4, 3), lay.chart[0].y + 2);
+    ck_assert(h.kind == VIZ_HIT_LAYER && h.value == 3);
+    st.stats = NULL; /* without statistics: no chart */
+    viz_layout_compute(&lay, BW, BH, &st);
+    ck_assert_int_eq(lay.n_charts, 0);
+    stats_free(&s);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_sweep_view)
+{
+    fixture f;
+    fixture_make(&f, 3);
+    viz_state st;
+    state_for(&st, &f);
+    st.view = VIZ_SWEEP;
+    ms_sweep_point sw[3] = {{.label = "k/2", .gh = 2, .gw = 2, .k = 2, .done = true, .agreement = 0.95, .ms = 10},
+                            {.label = "k", .gh = 2, .gw = 2, .k = 4, .done = true, .agreement = 0.99, .ms = 20},
+                            {.label = "2k", .gh = 2, .gw = 2, .k = 8, .done = false}};
+    st.sweep = sw;
+    st.n_sweep = 3;
+    enum { BW = 900, BH = 600 };
+    uint8_t *px = malloc((size_t)BW * BH * 4);
+    viz_render(px, BW, BH, &st);
+    viz_layout lay;
+    viz_layout_compute(&lay, BW, BH, &st);
+    viz_rect inner = {lay.main.x + 4, lay.main.y + 4, lay.main.w - 8, lay.main.h - 8};
+    int hh = (inner.h - 8) / 2;
+    viz_rect a0 = viz_chart_area((viz_rect){inner.x, inner.y, inner.w, hh}, NULL, true);
+    viz_rect a1 = viz_chart_area((viz_rect){inner.x, inner.y + hh + 8, inner.w, hh}, NULL, true);
+    const uint8_t q[3] = {VIZ_QUERY_R, VIZ_QUERY_G, VIZ_QUERY_B};
+    uint8_t w[3];
+    viz_magma(w, 0.65f); /* the time series' colour */
+#define PX(x, y) (px + ((size_t)(y) * BW + (x)) * 4)
+    /* agreement axis: 94% .. 100% (a point below 95% rounds the axis down) */
+    for (int i = 0; i < 2; i++) {
+        int x = viz_chart_x(a0, 3, i);
+        int y = a0.y + a0.h - 1 - (int)lround((sw[i].agreement - 0.94) / 0.06 * (a0.h - 1));
+        ck_assert_msg(!memcmp(PX(x, y), q, 3), "agreement point %d", i);
+    }
+    /* time axis 0 .. 20 ms (nice top of the data): point 1 at the top */
+    ck_assert(!memcmp(PX(viz_chart_x(a1, 3, 1), a1.y), w, 3));
+    /* the pending run has no point */
+    ck_assert(!column_has(px, viz_chart_x(a0, 3, 2), a0.y, a0.y + a0.h, q));
+#undef PX
+    free(px);
+    fixture_free(&f);
+}
+END_TEST
+
+START_TEST(test_zoom_pixel_exact)
+{
+    fixture f;
+    fixture_make(&f, 3);
+    viz_state st;
+    state_for(&st, &f);
+    st.opacity = 0.5f;
+    st.zoom = 4.0f;
+    st.center_x = 20, st.center_y = 15;
+    uint8_t *px = render(&st);
+    viz_layout lay;
+    viz_layout_compute(&lay, WW, WH, &st);
+    ck_assert_int_eq(lay.image.w, IW * SCALE * 4);
+    ck_assert_int_eq(lay.image.h, IH * SCALE * 4);
+    ck_assert(lay.clip.w > 0 && lay.clip.w < lay.image.w);
+    /* every visible screen pixel is its own image pixel's colour blend, and
+     * hit testing names that pixel */
+    for (int y = lay.clip.y; y < lay.clip.y + lay.clip.h; y += 7)
+        for (int x = lay.clip.x; x < lay.clip.x + lay.clip.w; x += 5) {
+            int ox = (x - lay.image.x) / (SCALE * 4), oy = (y - lay.image.y) / (SCALE * 4);
+            assert_blend(at(px, x, y), img_px(&f, oy, ox), pal[cls_at(oy, ox)], 0.5, x, y);
+            viz_hit h = viz_hit_test(&lay, &st, x, y);
+            ck_assert_int_eq(h.kind, VIZ_HIT_IMAGE);
+            ck_assert(h.img_x == ox && h.img_y == oy);
+        }
+    /* the middle of the main area shows the centre pixel */
+    viz_rect inner = {lay.main.x + 4, lay.main.y + 4, lay.main.w - 8, lay.main.h - 8};
+    viz_hit h = viz_hit_test(&lay, &st, inner.x + inner.w / 2, inner.y + inner.h / 2);
+    ck_assert(abs(h.img_x - 20) <= 1 && abs(h.img_y - 15) <= 1);
+    /* outside the clip (the panel) is not the image */
+    ck_assert_int_ne(viz_hit_test(&lay, &st, lay.panel.x + 5, lay.clip.y + 5).kind, VIZ_HIT_IMAGE);
+    free(px);
+    /* zooming about a point keeps the image point under it */
+    int wx = inner.x + inner.w / 2 + 13, wy = inner.y + inner.h / 2 - 9;
+    viz_hit before = viz_hit_test(&lay, &st, wx, wy);
+    viz_zoom_at(&st, &lay, 1.5f, wx, wy);
+    ck_assert(fabsf(st.zoom - 6.0f) < 1e-4f);
+    viz_layout_compute(&lay, WW, WH, &st);
+    viz_hit after = viz_hit_test(&lay, &st, wx, wy);
+    ck_assert(after.img_x == before.img_x && after.img_y == before.img_y);
+    /* a drag pans: 24 window pixels left moves the centre 1 image pixel right at 6x4 = 24 px/pixel */
+    double cx = st.center_x;
+    viz_pan(&st, &lay, -24, 0);
+    ck_assert(fabs(st.center_x - (cx + 1.0)) < 1e-6);
+    /* the centre is kept so the image covers the area */
+    viz_pan(&st, &lay, 100000, 100000);
+    viz_layout_compute(&lay, WW, WH, &st);
+    ck_assert_int_eq(lay.image.x, inner.x);
+    ck_assert_int_eq(lay.image.y, inner.y);
+    /* zoom bounds; fit */
+    viz_zoom_at(&st, &lay, 1000.f, wx, wy);
+    ck_assert(st.zoom == VIZ_ZOOM_MAX);
+    viz_zoom_fit(&st);
+    viz_layout_compute(&lay, WW, WH, &st);
+    ck_assert_int_eq(lay.image.w, IW * SCALE);
+    /* views without the image do not zoom */
+    st.view = VIZ_STATS;
+    st.zoom = 3;
+    viz_layout_compute(&lay, WW, WH, &st);
+    ck_assert_int_le(lay.image.w, IW * SCALE);
+    fixture_free(&f);
+}
+END_TEST
+
 START_TEST(test_colormaps)
 {
     /* published table entries 0, 128 and 255 (#440154 #21918c #fde725;
@@ -619,6 +907,10 @@ int main(void)
     tcase_add_test(tc, test_legend_hit_and_modes);
     tcase_add_test(tc, test_degenerate_states);
     tcase_add_test(tc, test_full_attention_run);
+    tcase_add_test(tc, test_diff_view);
+    tcase_add_test(tc, test_stats_view);
+    tcase_add_test(tc, test_sweep_view);
+    tcase_add_test(tc, test_zoom_pixel_exact);
     tcase_add_test(tc, test_colormaps);
     tcase_add_test(tc, test_text);
     suite_add_tcase(s, tc);

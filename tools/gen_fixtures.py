@@ -99,6 +99,27 @@ CASES = [
         backbone__attention={"type": "mita", "landmarks": [3, 3], "topk": 6, "shared_scale": "sqrt_d"},
         neck={"type": "fpn-deconv"}), (40, 56), "F16",
      "weights stored F16 (golden computed from the F16-rounded weights), fpn-deconv, grid 5x7"),
+    ("cls_mita", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[5, 7], backbone__final_norm=True),
+     (48, 56), "F32",
+     "class token, pos_grid 5x7 (+ class row) resized to the run grid 6x7, final_norm, "
+     "MiTA 3x3 k8"),
+    ("cls_full", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[6, 7],
+        backbone__attention={"type": "full", "landmarks": [3, 3], "topk": 8, "shared_scale": "d"}),
+     (48, 56), "F32", "class token, full attention, grid 6x7"),
+    ("mmseg_pad", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[6, 8], input__short_side=40,
+        input__pad_multiple=16, input__padded_logits="resize"), (59, 77), "F32",
+     "mmseg test-time padding: 59x77 -> 40x52, padded to 48x64, head logits resized straight "
+     "to 40x52 (no crop), then to 59x77; class token, MiTA 3x3 k8"),
+    ("slide", base_cfg(
+        backbone__cls_token=True, backbone__pos_grid=[4, 4],
+        backbone__attention={"type": "full", "landmarks": [3, 3], "topk": 8, "shared_scale": "d"},
+        input__short_side=40, input__pad_multiple=16, input__padded_logits="resize",
+        input__slide={"crop": [24, 28], "stride": [16, 12]}), (59, 77), "F32",
+     "mmseg slide_inference: 59x77 -> 40x52, 2x3 windows of 24x28 (strides 16, 12), each "
+     "padded to 32x32, logits resized to the window, summed, divided by the count; full attention"),
 ]
 
 
@@ -144,6 +165,8 @@ def randomise(model, seed):
                     u = torch.rand(mod.running_var.shape, generator=g, dtype=torch.float64)
                     mod.running_var.copy_(0.5 + 1.5 * u)
         model.backbone.pos_embed.copy_(0.5 * rn(*model.backbone.pos_embed.shape))
+        if model.backbone.ncls:
+            model.backbone.cls_token.copy_(rn(*model.backbone.cls_token.shape))
 
 
 # ------------------------------------------------------------------ checks
@@ -184,14 +207,18 @@ def layer_qkv(model, x_in, i):
 
 
 def check_layers(model, stages, grid, att, dense_all=False):
-    """Vectorised MiTA vs the naive loop (and vs a dense formula when k >= N)."""
+    """Vectorised MiTA vs the naive loop (and vs a dense formula when k >= N).
+    With a class token the naive loop sees it as one more key and query (spec
+    2.7); only the landmarks leave it out."""
+    nc = model.backbone.ncls
     for i in range(len(model.backbone.blocks)):
         if "blocks.%d" % i not in stages:
             break
         x_in = stages["embed"] if i == 0 else stages["blocks.%d" % (i - 1)]
         q, k, v, qt = layer_qkv(model, x_in, i)
-        L, _ = R.mita_landmarks(qt.unsqueeze(0), grid, att["landmarks"], q.shape[0])
-        vec = R.attention_mita(q[None], k[None], v[None], L, att["topk"], att["shared_scale"])[0]
+        L, _ = R.mita_landmarks(qt[nc:].unsqueeze(0), grid, att["landmarks"], q.shape[0])
+        vec = R.attention_mita(q[None], k[None], v[None], L, att["topk"], att["shared_scale"],
+                               ncls=nc)[0]
         if dense_all:
             assert att["topk"] >= q.shape[1]
             d = q.shape[-1]
@@ -208,7 +235,7 @@ def check_layers(model, stages, grid, att, dense_all=False):
         err = (vec - ref).abs().max().item()
         assert err < 1e-10, "MiTA layer %d: vectorised vs reference differ by %g" % (i, err)
         # joint softmax == log-sum-exp merge of the two partial softmaxes
-        if i == 0:
+        if i == 0 and nc == 0:
             rec = {}
             R.attention_mita(q[None], k[None], v[None], L, att["topk"], att["shared_scale"], rec)
             e, idx = rec["route"][0], rec["topk_idx"][0]
@@ -251,20 +278,51 @@ def gaps(stages, depth, N):
 
 # ------------------------------------------------------------------ cases
 
+def stored_model(name, cfg, seed, wdtype, desc, model_path, img):
+    """A random model written to model_path and read back in float64 (the
+    golden comes from the stored weights), and its stages on img."""
+    model = R.MitaSeg(cfg).double().eval()
+    randomise(model, seed)
+    R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
+                 "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed, desc))
+    model = R.load_model(model_path, dtype=torch.float64)
+    stages = {}
+    with torch.no_grad():
+        R.segment(model, img, stages=stages)
+    return model, stages
+
+
+def run_slide_case(name, cfg, size, wdtype, desc, out_dir, seed0):
+    """Sliding windows: only the image, the final logits and the mask are
+    golden (the engine traces every window under the same stage names)."""
+    img = make_image(size[0], size[1], seed0 + 7)
+    model_path = os.path.join(out_dir, name + ".model.safetensors")
+    model, stages = stored_model(name, cfg, seed0, wdtype, desc, model_path, img)
+    with torch.no_grad():
+        # the windows really overlap and are averaged: differs from one whole run
+        _, whole = R.segment(model, img, whole=True)
+    assert (whole - stages["logits"][0]).abs().max().item() > 1e-3
+    logits = stages["logits"][0]
+    top2 = torch.topk(logits, 2, dim=0).values
+    mask_gap = (top2[0] - top2[1]).min().item()
+    g = {"image": torch.as_tensor(img), "logits": logits.to(torch.float32).contiguous(),
+         "mask": stages["mask"][0].to(torch.uint8)}
+    meta = {"case": name, "description": desc, "model": name + ".model.safetensors",
+            "weights": wdtype, "seed": str(seed0), "attention": "full", "slide": "yes",
+            "mask_gap": "%.6g" % mask_gap}
+    safetensors_io.save(os.path.join(out_dir, name + ".golden.safetensors"), g, meta)
+    print("  %-16s seed %d sliding windows, mask gap %.6g" % (name, seed0, mask_gap))
+
+
 def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
+    if cfg["input"].get("slide"):
+        return run_slide_case(name, cfg, size, wdtype, desc, out_dir, seed0)
     img = make_image(size[0], size[1], seed0 + 7)
     model_path = os.path.join(out_dir, name + ".model.safetensors")
     best = None
     for attempt in range(60):
         seed = seed0 + attempt
-        model = R.MitaSeg(cfg).double().eval()
-        randomise(model, seed)
-        R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
-                     "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed, desc))
-        model = R.load_model(model_path, dtype=torch.float64)   # golden from the stored weights
-        stages = {}
-        with torch.no_grad():
-            R.segment(model, img, stages=stages)
+        model, stages = stored_model(name, cfg, seed, wdtype, desc, model_path, img)
         N = stages["embed"].shape[1]
         tb, to, rg = gaps(stages, cfg["backbone"]["depth"], N)
         ok = tb >= GAP and rg >= GAP
@@ -276,14 +334,7 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     else:
         # fall back to the best seed seen
         seed = best[1]
-        model = R.MitaSeg(cfg).double().eval()
-        randomise(model, seed)
-        R.save_model(model, model_path, dtype=wdtype, provenance="random weights for tests "
-                     "(tools/gen_fixtures.py case %s, seed %d): %s" % (name, seed, desc))
-        model = R.load_model(model_path, dtype=torch.float64)
-        stages = {}
-        with torch.no_grad():
-            R.segment(model, img, stages=stages)
+        model, stages = stored_model(name, cfg, seed, wdtype, desc, model_path, img)
         N = stages["embed"].shape[1]
         tb, to, rg = gaps(stages, cfg["backbone"]["depth"], N)
         print("  warning: %s: no seed met the gap %g (best %g)" % (name, GAP, min(tb, rg)))
@@ -291,7 +342,7 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     att = R.resolve_attention(model.cfg["backbone"]["attention"], None)
     grid = tuple(stages["taps.0"].shape[-2:])
     with torch.no_grad():
-        if name in ("mita_d", "pad_resize"):
+        if name in ("mita_d", "pad_resize", "cls_mita"):
             check_layers(model, stages, grid, att)
         if name == "small_grid":
             check_layers(model, stages, grid, att, dense_all=True)
@@ -302,6 +353,12 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
         assert np.array_equal(np.asarray(tensors[k], dtype=np.float64), v.numpy()), k
 
     logits = stages["logits"][0]
+    if model.cfg["input"].get("padded_logits") == "resize":
+        # mmseg's padding behaviour really differs from the crop
+        H, W = img.shape[:2]
+        crop, _ = R.postprocess(stages["head.logits"], stages["input"].shape[-2:],
+                                R.working_size(H, W, model.cfg), (H, W), "crop")
+        assert (crop[0] - logits).abs().max().item() > 1e-2
     top2 = torch.topk(logits, 2, dim=0).values if logits.shape[0] > 1 else None
     mask_gap = (top2[0] - top2[1]).min().item() if top2 is not None else math.inf
 

@@ -16,15 +16,19 @@ Layout of this file
   7. model file I/O (model-format.md)             save_model(), load_model()
 
 Stage names recorded by MitaSeg.forward(x, stages=dict) (batch dim first):
-  pos_embed (1,N,C) resized; embed (B,N,C); blocks.{i} (B,N,C);
+  T = N tokens, or 1 + N with a class token (it comes first in the sequence);
+  pos_embed (1,T,C) resized; embed (B,T,C); blocks.{i} (B,T,C);
   taps.{j} (B,C,Hp,Wp); neck.{l} (B,Cn,h_l,w_l); head.psp (B,ch,h3,w3);
   head.fpn.{l} (B,ch,h_l,w_l) l=0..2; head.fused (B,ch,h0,w0);
   head.logits (B,classes,h0,w0);
   per MiTA layer i: layers.{i}.topk_idx (B,h,M,k) int64, layers.{i}.route
-  (B,h,N) int64, layers.{i}.probe (B,h,M,N) = L K^T, layers.{i}.routing
-  (B,h,N,M) = Q L^T (both unscaled), plus layers.{i}.grid = (Gh, Gw, k)
-  (the effective landmarks and top-k).
+  (B,h,T) int64, layers.{i}.probe (B,h,M,T) = L K^T, layers.{i}.routing
+  (B,h,T,M) = Q L^T (both unscaled), plus layers.{i}.grid = (Gh, Gw, k)
+  (the effective landmarks and top-k). Recorded positions are numbered as
+  mita-spec 2.7 reports them: grid tokens 0..N-1, the class token N (last).
 segment() adds: image, input, logits (B,classes,H,W), mask (B,H,W).
+Config keys this file reads beyond complete_config's: backbone.cls_token,
+input.padded_logits ("crop" | "resize"), input.slide ({crop, stride}).
 """
 
 import copy
@@ -66,6 +70,8 @@ def complete_config(cfg):
     bb.setdefault("ln_eps", 1e-6)
     bb.setdefault("out_indices", [2, 5, 8, 11])
     bb.setdefault("final_norm", False)
+    # cls_token (default false) is not filled in: files without one keep
+    # their config strings byte for byte; read it with bb.get("cls_token").
     att = bb.setdefault("attention", {})
     for k, v in DEFAULT_ATTENTION.items():
         att.setdefault(k, copy.deepcopy(v))
@@ -181,10 +187,18 @@ def mita_landmarks(q_tokens, grid, landmarks, num_heads):
     return L, (gh, gw)
 
 
-def attention_mita(q, k, v, L, topk, shared_scale, record=None):
-    """Spec 2.2-2.5 for all heads at once.
+def report_order(t, ncls, dim):
+    """Sequence order (class token first) -> the order records report (spec 2.7:
+    grid tokens 0..N-1, then the class token)."""
+    return torch.cat([t.narrow(dim, ncls, t.shape[dim] - ncls), t.narrow(dim, 0, ncls)], dim)
 
-    q, k, v (B, h, N, d); L (B, h, M, d) landmarks. topk clamped to N.
+
+def attention_mita(q, k, v, L, topk, shared_scale, record=None, ncls=0):
+    """Spec 2.2-2.5 (and 2.7) for all heads at once.
+
+    q, k, v (B, h, N, d), the first ncls tokens the class token (a key and
+    query like any other; ties go to the lower sequence index, so it wins
+    them); L (B, h, M, d) landmarks of the grid tokens. topk clamped to N.
     shared_scale "d": shared logit q.l * s * s (= q.l/d); "sqrt_d": q.l * s.
     record: optional dict, filled with probe/routing/topk_idx/route.
 
@@ -229,10 +243,12 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None):
     out = p_sh @ Sv + dense @ v
 
     if record is not None:
-        record["probe"] = P
-        record["routing"] = R
-        record["topk_idx"] = idx
-        record["route"] = e
+        # positions and queries renumbered: class token last (spec 2.7)
+        order = (lambda t, dim: report_order(t, ncls, dim)) if ncls else (lambda t, dim: t)
+        record["probe"] = order(P, -1)
+        record["routing"] = order(R, -2)
+        record["topk_idx"] = (idx - ncls) % N if ncls else idx
+        record["route"] = order(e, -1)
     return out
 
 
@@ -259,7 +275,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)   # rows: q, k, v; heads contiguous
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x, grid, att, record=None):
+    def forward(self, x, grid, att, record=None, ncls=0):
         B, N, C = x.shape
         h = self.num_heads
         d = C // h
@@ -270,8 +286,10 @@ class Attention(nn.Module):
         if att["type"] == "full":
             o = attention_full(q, k, v)
         elif att["type"] == "mita":
-            L, (gh, gw) = mita_landmarks(q_tok, grid, att["landmarks"], h)
-            o = attention_mita(q, k, v, L, att["topk"], att["shared_scale"], record)
+            # spec 2.7: the landmarks pool the grid tokens only
+            L, (gh, gw) = mita_landmarks(q_tok[:, ncls:] if ncls else q_tok, grid,
+                                         att["landmarks"], h)
+            o = attention_mita(q, k, v, L, att["topk"], att["shared_scale"], record, ncls)
             if record is not None:
                 record["grid"] = (gh, gw, min(att["topk"], N))
         else:
@@ -300,8 +318,8 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
-    def forward(self, x, grid, att, record=None):
-        x = x + self.attn(self.norm1(x), grid, att, record)
+    def forward(self, x, grid, att, record=None, ncls=0):
+        x = x + self.attn(self.norm1(x), grid, att, record, ncls)
         return x + self.mlp(self.norm2(x))
 
 
@@ -339,14 +357,19 @@ class ConvStem(nn.Module):
         return self.proj(x)
 
 
-def resize_pos_embed(pos, src_grid, dst_grid):
-    """(1, Hs*Ws, C) -> (1, Hd*Wd, C), bicubic, align_corners=False."""
+def resize_pos_embed(pos, src_grid, dst_grid, ncls=0, antialias=False):
+    """(1, ncls + Hs*Ws, C) -> (1, ncls + Hd*Wd, C), bicubic, align_corners=False.
+
+    The first ncls rows (the class token's) are kept as they are (spec 1).
+    antialias=True is timm's resampling (tools/README.md), for --init-backbone."""
     if tuple(src_grid) == tuple(dst_grid):
         return pos
     C = pos.shape[-1]
-    m = pos.reshape(1, src_grid[0], src_grid[1], C).permute(0, 3, 1, 2)
-    m = F.interpolate(m, size=tuple(dst_grid), mode="bicubic", align_corners=False)
-    return m.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], C)
+    m = pos[:, ncls:].reshape(1, src_grid[0], src_grid[1], C).permute(0, 3, 1, 2)
+    kw = {"antialias": True} if antialias else {}
+    m = F.interpolate(m, size=tuple(dst_grid), mode="bicubic", align_corners=False, **kw)
+    m = m.permute(0, 2, 3, 1).reshape(1, dst_grid[0] * dst_grid[1], C)
+    return torch.cat([pos[:, :ncls], m], 1) if ncls else m   # no empty slices (ONNX export)
 
 
 class Backbone(nn.Module):
@@ -361,7 +384,10 @@ class Backbone(nn.Module):
         else:
             raise ValueError("backbone.stem.type must be 'patch' or 'conv'")
         gh, gw = bb["pos_grid"]
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, C))
+        self.ncls = 1 if bb.get("cls_token") else 0
+        if self.ncls:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, C))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.ncls + gh * gw, C))
         self.blocks = nn.ModuleList(
             [Block(C, bb["num_heads"], bb["mlp_ratio"], bb["ln_eps"]) for _ in range(bb["depth"])])
         if bb["final_norm"]:
@@ -372,8 +398,12 @@ class Backbone(nn.Module):
         bb = self.cfg
         x = self.patch_embed(x) if bb["stem"]["type"] == "patch" else self.stem(x)
         B, C, Hp, Wp = x.shape
-        pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp))
-        x = x.flatten(2).transpose(1, 2) + pos                       # (B, N, C)
+        nc = self.ncls
+        pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp), nc)
+        x = x.flatten(2).transpose(1, 2)                             # (B, N, C)
+        if nc:
+            x = torch.cat([self.cls_token.expand(B, -1, -1), x], 1)  # (B, 1 + N, C)
+        x = x + pos
         if stages is not None:
             stages["pos_embed"] = pos
             stages["embed"] = x
@@ -381,7 +411,7 @@ class Backbone(nn.Module):
         out_idx = list(bb["out_indices"])
         for i, blk in enumerate(self.blocks):
             rec = {} if (stages is not None and att["type"] == "mita") else None
-            x = blk(x, (Hp, Wp), att, rec)
+            x = blk(x, (Hp, Wp), att, rec, nc)
             if stages is not None:
                 stages["blocks.%d" % i] = x
                 if rec is not None:
@@ -391,6 +421,7 @@ class Backbone(nn.Module):
                 t = x
                 if bb["final_norm"] and len(taps) == len(out_idx) - 1:
                     t = self.norm(t)   # final LayerNorm on the last tap only
+                t = t[:, nc:] if nc else t                                  # taps drop it
                 taps.append(t.transpose(1, 2).reshape(B, C, Hp, Wp))
             if len(taps) == len(out_idx):
                 break   # blocks past the last tap do not affect the output
@@ -544,12 +575,10 @@ def working_size(H, W, cfg):
     return int(math.floor(H * scale + 0.5)), int(math.floor(W * scale + 0.5))
 
 
-def preprocess(img, cfg, dtype=torch.float32):
-    """img uint8 (H, W, 3) RGB (numpy or tensor) -> (input (1,3,ph,pw), (rh, rw)).
-
-    Resize (bilinear, align_corners=False, no antialias) the float image so the
-    short side is input.short_side; normalise; zero-pad right/bottom to a
-    multiple of pad_multiple."""
+def normalise(img, cfg, dtype=torch.float32):
+    """img uint8 (H, W, 3) RGB (numpy or tensor) -> ((1, 3, rh, rw), (rh, rw)):
+    resized (bilinear, align_corners=False, no antialias, on the float image)
+    so the short side is input.short_side, then normalised. Not padded."""
     cfg = complete_config(cfg)
     t = img if torch.is_tensor(img) else torch.as_tensor(np.asarray(img))   # tensor: traceable
     t = t.to(dtype).permute(2, 0, 1).unsqueeze(0)                           # (1,3,H,W)
@@ -558,43 +587,109 @@ def preprocess(img, cfg, dtype=torch.float32):
     t = resize(t, (rh, rw))
     mean = torch.tensor(cfg["input"]["mean"], dtype=dtype).view(1, 3, 1, 1)
     std = torch.tensor(cfg["input"]["std"], dtype=dtype).view(1, 3, 1, 1)
-    t = (t - mean) / std
-    pm = cfg["input"]["pad_multiple"] or 1
-    ph, pw = -(-rh // pm) * pm, -(-rw // pm) * pm
-    t = F.pad(t, (0, pw - rw, 0, ph - rh))
-    return t, (rh, rw)
+    return (t - mean) / std, (rh, rw)
 
 
-def postprocess(head_logits, padded_size, resized_size, image_size):
+def pad_input(t, cfg, size):
+    """Zero-pads (B, 3, h, w), (h, w) = size as Python ints (so an ONNX trace
+    pads by constants), right/bottom to a multiple of input.pad_multiple."""
+    pm = complete_config(cfg)["input"]["pad_multiple"] or 1
+    h, w = size
+    return F.pad(t, (0, -(-w // pm) * pm - w, 0, -(-h // pm) * pm - h))
+
+
+def preprocess(img, cfg, dtype=torch.float32):
+    """img uint8 (H, W, 3) RGB (numpy or tensor) -> (input (1,3,ph,pw), (rh, rw)).
+
+    Resize (bilinear, align_corners=False, no antialias) the float image so the
+    short side is input.short_side; normalise; zero-pad right/bottom to a
+    multiple of pad_multiple."""
+    t, size = normalise(img, cfg, dtype)
+    return pad_input(t, cfg, size), size
+
+
+def unpad_logits(head_logits, padded_size, size, padded_logits="crop"):
+    """Level-0 logits of a padded input -> logits at the unpadded size.
+    "crop" (spec 3.6): resize to the padded input, crop the padding.
+    "resize" (mmseg, input.padded_logits): resize straight to the unpadded
+    size, the padding's share squeezed in (mmseg's decode_head.predict_by_feat
+    resizes to img_shape)."""
+    if padded_logits == "resize":
+        return resize(head_logits, size)
+    if padded_logits != "crop":
+        raise ValueError("input.padded_logits must be 'crop' or 'resize'")
+    return resize(head_logits, padded_size)[..., :size[0], :size[1]]
+
+
+def postprocess(head_logits, padded_size, resized_size, image_size, padded_logits="crop"):
     """Level-0 logits -> (logits at image size (B,K,H,W), mask (B,H,W) uint8)."""
-    x = resize(head_logits, padded_size)
-    x = x[..., :resized_size[0], :resized_size[1]]
+    x = unpad_logits(head_logits, padded_size, resized_size, padded_logits)
     x = resize(x, image_size)
     mask = first_argmax(x, dim=1).to(torch.uint8)
     return x, mask
 
 
-def segment(model, img, attn=None, stages=None, tta=None):
+def slide_logits(model, x, slide, attn=None):
+    """mmseg's EncoderDecoder.slide_inference on the normalised, unpadded
+    working-size image x (1, 3, H, W): windows crop at stride (the last flush
+    with the end), each padded and run like a whole image, its logits brought
+    to the window's size; summed, then divided by how many windows cover each
+    pixel. -> (1, K, H, W)."""
+    (hc, wc), (hs, ws) = slide["crop"], slide["stride"]
+    _, _, H, W = x.shape
+    hg = max(H - hc + hs - 1, 0) // hs + 1
+    wg = max(W - wc + ws - 1, 0) // ws + 1
+    K = len(model.cfg["classes"])
+    preds = x.new_zeros((1, K, H, W))
+    count = x.new_zeros((1, 1, H, W))
+    for hi in range(hg):
+        for wi in range(wg):
+            y1, x1 = hi * hs, wi * ws
+            y2, x2 = min(y1 + hc, H), min(x1 + wc, W)
+            y1, x1 = max(y2 - hc, 0), max(x2 - wc, 0)
+            crop = pad_input(x[:, :, y1:y2, x1:x2], model.cfg, (y2 - y1, x2 - x1))
+            head = model(crop, attn=attn)
+            win = unpad_logits(head, crop.shape[-2:], (y2 - y1, x2 - x1),
+                               model.cfg["input"].get("padded_logits", "crop"))
+            preds += F.pad(win, (x1, W - x2, y1, H - y2))
+            count[:, :, y1:y2, x1:x2] += 1
+    return preds / count
+
+
+def segment(model, img, attn=None, stages=None, whole=False, tta=None):
     """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W)).
+    A model with input.slide runs sliding windows (unless whole=True; stages
+    then holds only image, logits and mask).
 
     tta="flip": the logits are the mean of the image's and of its mirror
     image's (mirrored back); the mask is their argmax; `stages` holds the
     unflipped pass (its MiTA record) and the averaged logits and mask."""
     dtype = next(model.parameters()).dtype
-    x, rsize = preprocess(img, model.cfg, dtype)
     H, W = np.asarray(img).shape[:2]
-    head = model(x, attn=attn, stages=stages)
-    logits, mask = postprocess(head, x.shape[-2:], rsize, (H, W))
+    slide = model.cfg["input"].get("slide")
+
+    def run(image, st):
+        """(network input, logits (1,K,H,W)) of one image."""
+        if slide and not whole:
+            x, _ = normalise(image, model.cfg, dtype)
+            return x, resize(slide_logits(model, x, slide, attn), (H, W))
+        x, rsize = preprocess(image, model.cfg, dtype)
+        head = model(x, attn=attn, stages=st)
+        logits, _ = postprocess(head, x.shape[-2:], rsize, (H, W),
+                                model.cfg["input"].get("padded_logits", "crop"))
+        return x, logits
+
+    x, logits = run(img, stages)
     if tta == "flip":
-        xm, _ = preprocess(np.ascontiguousarray(np.asarray(img)[:, ::-1]), model.cfg, dtype)
-        lm, _ = postprocess(model(xm, attn=attn), xm.shape[-2:], rsize, (H, W))
-        logits = 0.5 * (logits + lm.flip(-1))
-        mask = first_argmax(logits, dim=1).to(torch.uint8)
+        _, mirrored = run(np.ascontiguousarray(np.asarray(img)[:, ::-1]), None)
+        logits = 0.5 * (logits + mirrored.flip(-1))
     elif tta is not None:
         raise ValueError("tta must be None or 'flip'")
+    mask = first_argmax(logits, dim=1).to(torch.uint8)
     if stages is not None:
         stages["image"] = torch.as_tensor(np.asarray(img))
-        stages["input"] = x
+        if not slide or whole:
+            stages["input"] = x
         stages["logits"] = logits
         stages["mask"] = mask
     return mask[0], logits[0]

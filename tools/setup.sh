@@ -4,7 +4,8 @@
 #   --dev  also what the tests and tools need: Check, Xvfb + xdotool for the
 #          viewer test, PyTorch for the reference model and training, Slurm,
 #          munge and GNU parallel for the cluster test, python3-venv for the
-#          ONNX Runtime virtualenv (tools/ort_venv.py: benchmark, export test).
+#          ONNX Runtime virtualenv (tools/ort_venv.py: benchmark, export test),
+#          valgrind, clang with libFuzzer and libomp for tests/fuzz.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +14,9 @@ pkgs=(build-essential cmake ninja-build pkg-config
       libsdl2-dev libsdl2-ttf-dev fonts-dejavu-core)
 if [ "${1:-}" = "--dev" ]; then
   pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
-         slurmctld slurmd slurm-client munge parallel)
+         slurmctld slurmd slurm-client munge parallel
+         python3-pip python3-torchvision python3-scipy python3-matplotlib
+         valgrind clang libclang-rt-dev libomp-dev)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

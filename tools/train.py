@@ -532,7 +532,9 @@ def main(argv=None):
                     help="start from a mitaseg model file (e.g. the shipped default model) with the "
                          "same architecture: continues training without a checkpoint; ignored with --resume")
     ap.add_argument("--init-backbone", default=None,
-                    help="start the backbone from a `convert.py timm` file (ignored with --resume)")
+                    help="start the backbone from a `convert.py timm` file (ignored with --resume); "
+                         "its position embedding is resampled to pos_grid as timm would "
+                         "(bicubic with antialias)")
     args = ap.parse_args(argv)
 
     full_cfg = json.load(open(args.config))

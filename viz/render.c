@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const view_names[VIZ_N_VIEWS] = {"overlay", "heatmap", "strip",
-                                                    "expert",  "routing", "query"};
+static const char *const view_names[VIZ_N_VIEWS] = {"overlay", "heatmap", "strip", "expert", "routing",
+                                                    "query",   "diff",    "stats", "sweep"};
 
 const char *viz_view_name(viz_view v)
 {
@@ -26,7 +26,12 @@ int viz_view_parse(const char *s)
 const char *const viz_help_lines[] = {
     "H, ?, F1\thelp on / off",
     "1 .. 6\tview: overlay, heatmap, strip, expert, routing, query",
+    "7 / 8 / 9\tview: difference from full attention, layer statistics, budget sweep",
+    "9 (again)\tre-run the budget sweep",
+    "X\tdifference view: outlines / split at the pointer",
+    "PageDown / PageUp, Space / Backspace\tnext / previous image",
     "Up / Down, wheel\tlayer up / down",
+    "Ctrl+wheel, Ctrl+= / Ctrl+-\tzoom about the pointer; drag: pan; 0: fit",
     "Tab / Shift+Tab\thead: all, 0, 1, ... (expert/routing/query: all = head 0)",
     "[ / ]\tprevious / next expert (landmark)",
     "+ / -\ttint opacity",
@@ -36,13 +41,13 @@ const char *const viz_help_lines[] = {
     "K / Shift+K\ttop-k x2 / /2 (re-runs)",
     "F\tfull attention / MiTA (re-runs)",
     "R\tback to the model's own budget (re-runs)",
-    "S\tsave the view and the mask as PNGs next to the image",
+    "S\tsave the view, the mask and NAME.stats.json next to the image",
     "Esc, Q\tquit",
     "hover\tclass and score under the pointer",
     "click legend entry\thide / show that class",
-    "click film strip\tmake that layer current",
+    "click film strip, chart\tmake that layer current",
     "click image\texpert view: pick the landmark; query view: pick the query",
-    "drop a file\topen that image",
+    "drop a file or folder\topen it",
     NULL,
 };
 
@@ -54,6 +59,7 @@ void viz_state_init(viz_state *st)
     st->query_x = st->query_y = -1;
     st->opacity = 0.5f;
     st->mouse_x = st->mouse_y = -1;
+    st->zoom = 1.0f;
 }
 
 /* Layers to show: a MiTA record, or a full-attention run (every layer full). */
@@ -90,122 +96,24 @@ int viz_view_head(const viz_state *st)
     return st->head < 0 ? 0 : st->head;
 }
 
+const ms_result *viz_full(const viz_state *st)
+{
+    const ms_result *r = viz_result(st), *f = st->full;
+    if (!r || !f || !f->mask || f->h != r->h || f->w != r->w) return NULL;
+    return f;
+}
+
+int viz_split_x(const viz_layout *lay, const viz_state *st)
+{
+    if (viz_rect_contains(lay->clip, st->mouse_x, st->mouse_y)) return st->mouse_x;
+    return lay->clip.x + lay->clip.w / 2;
+}
+
 /* ---- colours and primitives ------------------------------------------- */
 
-static const uint8_t col_bg[3] = {30, 30, 34};
-static const uint8_t col_panel[3] = {22, 22, 26};
-static const uint8_t col_status[3] = {14, 14, 16};
-static const uint8_t col_text[3] = {235, 235, 235};
-static const uint8_t col_dim[3] = {150, 150, 155};
-static const uint8_t col_white[3] = {255, 255, 255};
-static const uint8_t col_black[3] = {0, 0, 0};
-static const uint8_t col_pruned[3] = {VIZ_PRUNED_R, VIZ_PRUNED_G, VIZ_PRUNED_B};
-static const uint8_t col_window[3] = {VIZ_WINDOW_R, VIZ_WINDOW_G, VIZ_WINDOW_B};
-static const uint8_t col_pick[3] = {VIZ_PICK_R, VIZ_PICK_G, VIZ_PICK_B};
-static const uint8_t col_query[3] = {VIZ_QUERY_R, VIZ_QUERY_G, VIZ_QUERY_B};
-static const uint8_t col_strip_bg[3] = {VIZ_STRIP_BG, VIZ_STRIP_BG, VIZ_STRIP_BG};
-static const uint8_t col_tile_border[3] = {90, 90, 96};
-static const uint8_t col_tile_sel[3] = {255, 255, 255};
-static const uint8_t col_tile_full[3] = {230, 140, 40};
-static const uint8_t col_full_fill[3] = {58, 52, 46};
+#include "canvas.h"
+#include "plot.h"
 
-typedef struct {
-    uint8_t *px;
-    int W, H;
-    const viz_font *font;
-    int line_h;
-} canvas;
-
-static inline void put(const canvas *c, int x, int y, const uint8_t rgb[3])
-{
-    if (x < 0 || y < 0 || x >= c->W || y >= c->H) return;
-    uint8_t *d = c->px + ((size_t)y * c->W + x) * 4;
-    d[0] = rgb[0];
-    d[1] = rgb[1];
-    d[2] = rgb[2];
-    d[3] = 255;
-}
-
-/* a in 1/256 steps: |result - exact blend| <= 1 */
-static inline void blend3(uint8_t out[3], const uint8_t src[3], const uint8_t col[3], int a)
-{
-    for (int ch = 0; ch < 3; ch++) out[ch] = (uint8_t)((src[ch] * (256 - a) + col[ch] * a + 128) >> 8);
-}
-
-static inline int alpha256(float a)
-{
-    if (!(a >= 0)) a = 0;
-    if (a > 1) a = 1;
-    return (int)lrintf(a * 256.0f);
-}
-
-static void fill(const canvas *c, viz_rect r, const uint8_t rgb[3])
-{
-    for (int y = r.y; y < r.y + r.h; y++)
-        for (int x = r.x; x < r.x + r.w; x++) put(c, x, y, rgb);
-}
-
-static void shade(const canvas *c, viz_rect r, const uint8_t rgb[3], int a)
-{
-    for (int y = r.y < 0 ? 0 : r.y; y < r.y + r.h && y < c->H; y++)
-        for (int x = r.x < 0 ? 0 : r.x; x < r.x + r.w && x < c->W; x++) {
-            uint8_t *d = c->px + ((size_t)y * c->W + x) * 4;
-            blend3(d, d, rgb, a);
-        }
-}
-
-static void frame(const canvas *c, viz_rect r, const uint8_t rgb[3], int t)
-{
-    for (int i = 0; i < t; i++) {
-        for (int x = r.x + i; x < r.x + r.w - i; x++) {
-            put(c, x, r.y + i, rgb);
-            put(c, x, r.y + r.h - 1 - i, rgb);
-        }
-        for (int y = r.y + i; y < r.y + r.h - i; y++) {
-            put(c, r.x + i, y, rgb);
-            put(c, r.x + r.w - 1 - i, y, rgb);
-        }
-    }
-}
-
-static int text(const canvas *c, int x, int y, const char *s, const uint8_t rgb[3])
-{
-    return viz_text_draw(c->px, c->W, c->H, c->font, x, y, s, rgb);
-}
-
-static int text_w(const canvas *c, const char *s) { return viz_text_width(c->font, s); }
-
-/* Shortens buf (size bytes) in place to at most w pixels, ending in ".."
- * when cut. */
-static void text_fit(const canvas *c, char *buf, size_t size, int w)
-{
-    size_t n = strlen(buf);
-    if (!c->font || text_w(c, buf) <= w || size < 3) return;
-    char tmp[300];
-    while (n > 0) {
-        n--;
-        snprintf(tmp, sizeof tmp, "%.*s..", (int)n, buf);
-        if (text_w(c, tmp) <= w) break;
-    }
-    if (n + 3 > size) n = size - 3;
-    snprintf(buf + n, size - n, "..");
-}
-
-/* Draws s cut to w pixels. */
-static void text_in(const canvas *c, int w, int x, int y, const char *s, const uint8_t rgb[3])
-{
-    char buf[300];
-    snprintf(buf, sizeof buf, "%s", s);
-    text_fit(c, buf, sizeof buf, w);
-    text(c, x, y, buf, rgb);
-}
-
-/* Text with a dark one-pixel shadow, for labels over pictures. */
-static void text_shadow(const canvas *c, int x, int y, const char *s, const uint8_t rgb[3])
-{
-    text(c, x + 1, y + 1, s, col_black);
-    text(c, x, y, s, rgb);
-}
 
 /* ---- layout ------------------------------------------------------------ */
 
@@ -235,11 +143,87 @@ static viz_rect fit(viz_rect box, int w, int h)
 /* Rows kept at the panel bottom for run facts and the hover readout. */
 #define PANEL_FOOT_ROWS 7
 
-static void class_counts(int64_t *cnt /* (256) */, const ms_result *r)
+static void class_counts(int64_t *cnt /* (256) */, const viz_state *st, const ms_result *r)
 {
     memset(cnt, 0, sizeof *cnt * MS_MAX_CLASSES);
+    if (st->class_pixels) { /* counted once by the caller: large images stay smooth */
+        memcpy(cnt, st->class_pixels, sizeof *cnt * (st->n_classes < MS_MAX_CLASSES ? st->n_classes : MS_MAX_CLASSES));
+        return;
+    }
     size_t n = (size_t)r->h * r->w;
     for (size_t i = 0; i < n; i++) cnt[r->mask[i]]++;
+}
+
+static bool view_zooms(viz_view v) { return v != VIZ_STRIP && v != VIZ_STATS && v != VIZ_SWEEP; }
+
+static viz_rect intersect(viz_rect a, viz_rect b)
+{
+    int x0 = a.x > b.x ? a.x : b.x, y0 = a.y > b.y ? a.y : b.y;
+    int x1 = a.x + a.w < b.x + b.w ? a.x + a.w : b.x + b.w, y1 = a.y + a.h < b.y + b.h ? a.y + a.h : b.y + b.h;
+    if (x1 <= x0 || y1 <= y0) return (viz_rect){x0, y0, 0, 0};
+    return (viz_rect){x0, y0, x1 - x0, y1 - y0};
+}
+
+/* The centre (image pixels) clamped so a zoomed image that is larger than
+ * the area always covers it. */
+static double clamp_centre(double c, int img, int zoomed, int area)
+{
+    if (zoomed <= area) return img / 2.0;
+    double half = (double)area / 2 * img / zoomed;
+    return c < half ? half : c > img - half ? img - half : c;
+}
+
+/* The image rectangle at the state's zoom (extending past inner when zoomed). */
+static viz_rect zoomed_image(viz_rect inner, const viz_state *st)
+{
+    viz_rect f = fit(inner, st->img->w, st->img->h);
+    if (!(st->zoom > 1.0f) || !view_zooms(st->view)) return f;
+    float z = st->zoom > VIZ_ZOOM_MAX ? VIZ_ZOOM_MAX : st->zoom;
+    int zw = (int)lround((double)f.w * z), zh = (int)lround((double)f.h * z);
+    double cx = clamp_centre(st->center_x, st->img->w, zw, inner.w);
+    double cy = clamp_centre(st->center_y, st->img->h, zh, inner.h);
+    viz_rect r = {inner.x + inner.w / 2 - (int)lround(cx * zw / st->img->w),
+                  inner.y + inner.h / 2 - (int)lround(cy * zh / st->img->h), zw, zh};
+    if (zw <= inner.w) r.x = inner.x + (inner.w - zw) / 2;
+    if (zh <= inner.h) r.y = inner.y + (inner.h - zh) / 2;
+    return r;
+}
+
+static viz_rect main_inner(const viz_layout *lay)
+{
+    return (viz_rect){lay->main.x + 4, lay->main.y + 4, lay->main.w - 8, lay->main.h - 8};
+}
+
+void viz_zoom_fit(viz_state *st)
+{
+    st->zoom = 1.0f;
+    if (st->img) st->center_x = st->img->w / 2.0, st->center_y = st->img->h / 2.0;
+}
+
+void viz_zoom_at(viz_state *st, const viz_layout *lay, float z, int wx, int wy)
+{
+    if (!st->img || lay->image.w < 1 || lay->image.h < 1 || !view_zooms(st->view)) return;
+    viz_rect inner = main_inner(lay), f = fit(inner, st->img->w, st->img->h);
+    if (!viz_rect_contains(lay->clip, wx, wy)) wx = inner.x + inner.w / 2, wy = inner.y + inner.h / 2;
+    /* the image point under the pointer stays under it */
+    double px = (double)(wx - lay->image.x) * st->img->w / lay->image.w;
+    double py = (double)(wy - lay->image.y) * st->img->h / lay->image.h;
+    float nz = st->zoom * z;
+    if (nz < 1.0f) nz = 1.0f;
+    if (nz > VIZ_ZOOM_MAX) nz = VIZ_ZOOM_MAX;
+    double zw = (double)f.w * nz, zh = (double)f.h * nz;
+    double x0 = wx - px * zw / st->img->w, y0 = wy - py * zh / st->img->h;
+    st->zoom = nz;
+    st->center_x = clamp_centre((inner.x + inner.w / 2 - x0) * st->img->w / zw, st->img->w, (int)lround(zw), inner.w);
+    st->center_y = clamp_centre((inner.y + inner.h / 2 - y0) * st->img->h / zh, st->img->h, (int)lround(zh), inner.h);
+}
+
+void viz_pan(viz_state *st, const viz_layout *lay, int dx, int dy)
+{
+    if (!st->img || !(st->zoom > 1.0f) || lay->image.w < 1 || !view_zooms(st->view)) return;
+    viz_rect inner = main_inner(lay);
+    st->center_x = clamp_centre(st->center_x - (double)dx * st->img->w / lay->image.w, st->img->w, lay->image.w, inner.w);
+    st->center_y = clamp_centre(st->center_y - (double)dy * st->img->h / lay->image.h, st->img->h, lay->image.h, inner.h);
 }
 
 void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
@@ -263,7 +247,9 @@ void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
     lay->strip = (viz_rect){0, avail_h - sh, W - pw, sh};
     lay->main = (viz_rect){0, 0, W - pw, avail_h - sh};
     viz_rect inner = {lay->main.x + 4, lay->main.y + 4, lay->main.w - 8, lay->main.h - 8};
-    lay->image = fit(inner, st->img->w, st->img->h);
+    lay->image = zoomed_image(inner, st);
+    lay->clip = intersect(lay->image, inner);
+    lay->depth_chart = -1;
 
     if (!r) return;
     if (has_layers(r)) {
@@ -309,9 +295,28 @@ void viz_layout_compute(viz_layout *lay, int W, int H, const viz_state *st)
             }
         }
     }
+    int foot_y = lay->panel.y + lay->panel.h - PANEL_FOOT_ROWS * lh - 6;
+    if (st->view == VIZ_STATS && has_record(r)) {
+        /* five charts, two columns */
+        int cols = 2, rows = 3, gap = 6;
+        int cw = (inner.w - gap) / cols, ch = (inner.h - 2 * gap) / rows;
+        for (int i = 0; i < 5; i++) {
+            lay->chart_box[i] = (viz_rect){inner.x + (i % cols) * (cw + gap), inner.y + (i / cols) * (ch + gap),
+                                           i == 4 ? 2 * cw + gap : cw, ch};
+            lay->chart[i] = viz_chart_area(lay->chart_box[i], st->font, true);
+        }
+        lay->n_charts = 5;
+    } else if ((st->view == VIZ_DIFF && has_layers(r)) || (st->view == VIZ_HEATMAP && has_record(r) && st->stats)) {
+        int chh = clampi(lay->panel.h / 4, 90, 170);
+        viz_rect box = {lay->panel.x + 2, foot_y - chh, lay->panel.w - 4, chh};
+        lay->chart_box[0] = box;
+        lay->chart[0] = viz_chart_area(box, st->font, true);
+        lay->n_charts = 1;
+        lay->depth_chart = 0;
+    }
     if (st->view == VIZ_OVERLAY) {
         int64_t cnt[MS_MAX_CLASSES];
-        class_counts(cnt, r);
+        class_counts(cnt, st, r);
         lay->legend_y = lay->panel.y + 6 + (PANEL_HEAD_ROWS + 1) * lh;
         int y = lay->legend_y;
         int y_end = lay->panel.y + lay->panel.h - PANEL_FOOT_ROWS * lh - 6;
@@ -343,6 +348,16 @@ viz_hit viz_hit_test(const viz_layout *lay, const viz_state *st, int x, int y)
             h.value = l;
             return h;
         }
+    for (int i = 0; i < lay->n_charts; i++) {
+        const ms_result *r = viz_result(st);
+        int l = r ? viz_chart_hit(lay->chart[i], r->depth, x, y) : -1;
+        if (l >= 0) {
+            h.kind = VIZ_HIT_LAYER;
+            h.value = l;
+            return h;
+        }
+    }
+    if (st->view == VIZ_STATS || st->view == VIZ_SWEEP) return h;
     if (st->view == VIZ_STRIP) {
         for (int l = 0; l < lay->n_big; l++)
             if (viz_rect_contains(lay->big[l], x, y)) {
@@ -352,7 +367,7 @@ viz_hit viz_hit_test(const viz_layout *lay, const viz_state *st, int x, int y)
             }
         return h;
     }
-    if (st->img && viz_rect_contains(lay->image, x, y)) {
+    if (st->img && viz_rect_contains(lay->clip, x, y) && lay->image.w > 0 && lay->image.h > 0) {
         h.kind = VIZ_HIT_IMAGE;
         h.img_x = (int)((int64_t)(x - lay->image.x) * st->img->w / lay->image.w);
         h.img_y = (int)((int64_t)(y - lay->image.y) * st->img->h / lay->image.h);
@@ -370,7 +385,8 @@ viz_hit viz_hit_test(const viz_layout *lay, const viz_state *st, int x, int y)
 /* Per-call scratch: display column/row -> original pixel and token, and each
  * token row/column's extent on screen. */
 typedef struct {
-    viz_rect rect;
+    viz_rect rect;          /* the visible part of image */
+    viz_rect image;         /* the whole (zoomed) image on screen */
     int *ox, *oy;           /* (rect.w), (rect.h) original pixel */
     int *tc, *tr;           /* token column / row; -1 without a result */
     int *c0, *c1, *r0, *r1; /* (wp), (hp): display extent of each token column/row, -1 if none */
@@ -389,10 +405,11 @@ static void pixmap_free(pixmap *p)
     memset(p, 0, sizeof *p);
 }
 
-static bool pixmap_init(pixmap *p, viz_rect rect, const ms_image *img, const ms_result *r)
+static bool pixmap_init(pixmap *p, viz_rect rect, viz_rect image, const ms_image *img, const ms_result *r)
 {
     memset(p, 0, sizeof *p);
     p->rect = rect;
+    p->image = image;
     int wp = r ? r->wp : 1, hp = r ? r->hp : 1;
     size_t w = rect.w > 0 ? (size_t)rect.w : 1, h = rect.h > 0 ? (size_t)rect.h : 1;
     p->ox = malloc(w * sizeof(int));
@@ -410,7 +427,7 @@ static bool pixmap_init(pixmap *p, viz_rect rect, const ms_image *img, const ms_
     for (int i = 0; i < wp; i++) p->c0[i] = p->c1[i] = -1;
     for (int i = 0; i < hp; i++) p->r0[i] = p->r1[i] = -1;
     for (int x = 0; x < rect.w; x++) {
-        p->ox[x] = (int)((int64_t)x * img->w / rect.w);
+        p->ox[x] = (int)((int64_t)(rect.x + x - image.x) * img->w / image.w);
         p->tc[x] = r ? (int)((int64_t)p->ox[x] * r->rw / r->w) / r->patch : -1;
         if (r) {
             if (p->c0[p->tc[x]] < 0) p->c0[p->tc[x]] = rect.x + x;
@@ -418,7 +435,7 @@ static bool pixmap_init(pixmap *p, viz_rect rect, const ms_image *img, const ms_
         }
     }
     for (int y = 0; y < rect.h; y++) {
-        p->oy[y] = (int)((int64_t)y * img->h / rect.h);
+        p->oy[y] = (int)((int64_t)(rect.y + y - image.y) * img->h / image.h);
         p->tr[y] = r ? (int)((int64_t)p->oy[y] * r->rh / r->h) / r->patch : -1;
         if (r) {
             if (p->r0[p->tr[y]] < 0) p->r0[p->tr[y]] = rect.y + y;
@@ -527,7 +544,7 @@ static const int32_t *expert_idx(const ms_result *r, int layer, int head, int e)
 
 static const int32_t *route_of(const ms_result *r, int layer, int head)
 {
-    return r->route + ((size_t)layer * r->heads + head) * r->n;
+    return r->route + ((size_t)layer * r->heads + head) * (r->n + r->ncls); /* class token last */
 }
 
 /* Draws one layer's heatmap into rect (film strip and strip view tiles). */
@@ -568,6 +585,7 @@ typedef struct {
     int *count;             /* (n) current layer's selection counts */
     int max;                /* shared heatmap scale */
     int pruned_tokens, image_tokens;
+    int split_x;            /* difference view's divider (window x) */
 } view_ctx;
 
 static void draw_image(const canvas *c, const pixmap *p, const viz_state *st, const view_ctx *v)
@@ -577,6 +595,8 @@ static void draw_image(const canvas *c, const pixmap *p, const viz_state *st, co
     int a = alpha256(st->opacity);
     viz_rect im = p->rect;
     int e = st->expert;
+    const ms_result *full = st->view == VIZ_DIFF ? viz_full(st) : NULL;
+    int split_x = v->split_x;
     const int32_t *route = NULL;
     if (v->rec && v->layer_mita) route = route_of(r, v->layer, v->vhead);
     /* per-token tint colours, computed once rather than per pixel */
@@ -619,6 +639,18 @@ static void draw_image(const canvas *c, const pixmap *p, const viz_state *st, co
                 case VIZ_ROUTING:
                     if (route) blend3(rgb, rgb, tok_rgb + 3 * t, a);
                     break;
+                case VIZ_DIFF: {
+                    /* the image dimmed; changed pixels in MiTA's class colour
+                     * (split: full attention's right of the divider) */
+                    int g = (rgb[0] * 77 + rgb[1] * 150 + rgb[2] * 29) >> 8;
+                    rgb[0] = rgb[1] = rgb[2] = (uint8_t)(g * 2 / 5);
+                    if (full) {
+                        int fc = full->mask[(size_t)oy * r->w + ox];
+                        int show = st->diff_split && wx >= split_x ? fc : cls;
+                        if (fc != cls && show < st->n_classes) memcpy(rgb, st->palette[show], 3);
+                    }
+                    break;
+                }
                 default:
                     break;
                 }
@@ -642,6 +674,24 @@ static void draw_image(const canvas *c, const pixmap *p, const viz_state *st, co
                 put(c, im.x + x, im.y + y, col_white);
             }
     }
+    if (full && !st->diff_split) {
+        /* full attention's class as a one-pixel outline around each changed
+         * region: a changed pixel with an unchanged 4-neighbour on screen */
+#define CHANGED(yy, xx) (r->mask[(size_t)p->oy[yy] * r->w + p->ox[xx]] != full->mask[(size_t)p->oy[yy] * r->w + p->ox[xx]])
+        for (int y = 0; y < im.h; y++)
+            for (int x = 0; x < im.w; x++) {
+                if (!CHANGED(y, x)) continue;
+                bool edge = x == 0 || y == 0 || x + 1 == im.w || y + 1 == im.h || !CHANGED(y, x - 1) ||
+                            !CHANGED(y, x + 1) || !CHANGED(y - 1, x) || !CHANGED(y + 1, x);
+                int fc = full->mask[(size_t)p->oy[y] * r->w + p->ox[x]];
+                if (edge && fc < st->n_classes) put(c, im.x + x, im.y + y, st->palette[fc]);
+            }
+#undef CHANGED
+    } else if (full) {
+        for (int y = im.y; y < im.y + im.h; y++) put(c, split_x, y, col_white);
+        text_shadow(c, split_x - text_w(c, "MiTA") - 6, im.y + 4, "MiTA", col_white);
+        text_shadow(c, split_x + 6, im.y + 4, "full attention", col_white);
+    }
     if (!v->rec || !v->layer_mita) return;
     if (st->view == VIZ_EXPERT && e >= 0 && e < r->m) {
         landmark_grid(c, p, r);
@@ -663,8 +713,9 @@ static void draw_image(const canvas *c, const pixmap *p, const viz_state *st, co
             frame(c, (viz_rect){s.x - 1, s.y - 1, s.w + 2, s.h + 2}, col_query, 2);
         }
         /* crosshair on the exact pixel */
-        int qx = im.x + (int)(((int64_t)st->query_x * im.w + im.w / 2) / img->w);
-        int qy = im.y + (int)(((int64_t)st->query_y * im.h + im.h / 2) / img->h);
+        viz_rect fi = p->image;
+        int qx = fi.x + (int)(((int64_t)st->query_x * fi.w + fi.w / 2) / img->w);
+        int qy = fi.y + (int)(((int64_t)st->query_y * fi.h + fi.h / 2) / img->h);
         for (int d = -6; d <= 6; d++) {
             if (d > -2 && d < 2) continue;
             put(c, qx + d, qy, col_white);
@@ -796,7 +847,7 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
     case VIZ_OVERLAY: {
         line(&p, col_dim, st->legend_all ? "all classes (L: present)" : "classes present (L: all)");
         int64_t cnt[MS_MAX_CLASSES];
-        class_counts(cnt, r);
+        class_counts(cnt, st, r);
         double total = (double)r->h * r->w;
         for (int i = 0; i < lay->n_legend; i++) {
             viz_rect e = lay->legend[i];
@@ -831,6 +882,11 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
                  v->image_tokens ? 100.0 * v->pruned_tokens / v->image_tokens : 0.0);
         if (v->layer_mita) line(&p, col_dim, "(%d of %d tokens)", v->pruned_tokens, v->image_tokens);
         else line(&p, col_dim, "full attention: nothing pruned");
+        if (v->layer_mita) {
+            int cp = viz_cls_picks(r, v->layer, v->head);
+            if (cp >= 0) line(&p, col_text, "class token picked by %d expert%s", cp, cp == 1 ? "" : "s");
+        }
+        if (st->view == VIZ_HEATMAP) viz_draw_depth_chart(c, lay, st, v->layer);
         break;
     case VIZ_EXPERT:
         if (!v->rec || !v->layer_mita) break;
@@ -871,7 +927,7 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
             if (qe >= 0 && qe < r->m) line(&p, col_window, "routed to expert %d (cell %d,%d)", qe, qe / r->gw, qe % r->gw);
             line(&p, col_pick, "read %d raw positions", r->k);
             if (r->shared_mass) {
-                float s = r->shared_mass[((size_t)v->layer * r->heads + v->vhead) * r->n + t];
+                float s = r->shared_mass[((size_t)v->layer * r->heads + v->vhead) * (r->n + r->ncls) + t];
                 line(&p, col_text, "attention mass:");
                 int bw = p.w, sw = (int)lrintf(s * bw);
                 uint8_t shc[3], roc[3];
@@ -883,6 +939,58 @@ static void draw_panel(const canvas *c, const viz_layout *lay, const viz_state *
                 line(&p, col_text, "shared %.1f%%  routed %.1f%%", 100.0 * s, 100.0 * (1 - s));
             }
         }
+        break;
+    case VIZ_DIFF: {
+        const ms_result *f = viz_full(st);
+        if (!f) {
+            line(&p, col_dim, r->attention == MS_ATTN_FULL ? "this run is full attention (F: MiTA)"
+                                                           : "full attention: computing...");
+            break;
+        }
+        int64_t changed = 0, total = (int64_t)r->h * r->w;
+        int64_t by_m[MS_MAX_CLASSES] = {0}, by_f[MS_MAX_CLASSES] = {0};
+        const ms_stats *s = st->stats;
+        if (s && s->have_full && s->pixels == total && s->classes <= MS_MAX_CLASSES) {
+            /* counted once with the statistics */
+            changed = s->changed;
+            memcpy(by_m, s->changed_mita, sizeof(int64_t) * s->classes);
+            memcpy(by_f, s->changed_full, sizeof(int64_t) * s->classes);
+        } else {
+            for (int64_t i = 0; i < total; i++)
+                if (r->mask[i] != f->mask[i]) changed++, by_m[r->mask[i]]++, by_f[f->mask[i]]++;
+        }
+        line(&p, col_text, "%lld px differ from full (%.2f%%)", (long long)changed,
+             total ? 100.0 * changed / total : 0.0);
+        line(&p, col_dim, st->diff_split ? "X: outlines" : "fill MiTA, outline full (X: split)");
+        int y_end = lay->depth_chart >= 0 ? lay->chart_box[lay->depth_chart].y - 2 : lay->panel.y + lay->panel.h;
+        if (changed && p.y + c->line_h <= y_end) {
+            /* right-aligned columns: MiTA's count, full attention's count */
+            int colw = text_w(c, "0000000"), rf = p.x + p.w, rm = rf - colw;
+            text(c, p.x + 18, p.y, "class", col_dim);
+            text(c, rm - text_w(c, "MiTA"), p.y, "MiTA", col_dim);
+            text(c, rf - text_w(c, "full"), p.y, "full", col_dim);
+            p.y += c->line_h;
+            for (int cl = 0; cl < st->n_classes && cl < MS_MAX_CLASSES; cl++) {
+                if (!by_m[cl] && !by_f[cl]) continue;
+                if (p.y + c->line_h > y_end) break;
+                fill(c, (viz_rect){p.x, p.y + (c->line_h - 12) / 2, 12, 12}, st->palette[cl]);
+                char name[MS_CLASS_NAME + 4], nb[32];
+                snprintf(name, sizeof name, "%s", st->class_names[cl]);
+                text_fit(c, name, sizeof name, rm - colw - p.x - 18);
+                text(c, p.x + 18, p.y, name, col_text);
+                snprintf(nb, sizeof nb, "%lld", (long long)by_m[cl]);
+                text(c, rm - text_w(c, nb), p.y, nb, col_text);
+                snprintf(nb, sizeof nb, "%lld", (long long)by_f[cl]);
+                text(c, rf - text_w(c, nb), p.y, nb, col_text);
+                p.y += c->line_h;
+            }
+        }
+        viz_draw_depth_chart(c, lay, st, v->layer);
+        break;
+    }
+    case VIZ_STATS:
+    case VIZ_SWEEP:
+        p.y = viz_panel_stats(c, p.x, p.y, p.w, st, v->layer);
         break;
     default:
         break;
@@ -912,10 +1020,21 @@ foot:;
         int cls = r->mask[(size_t)h.img_y * r->w + h.img_x];
         snprintf(buf, sizeof buf, "(%d,%d) token %d", h.img_x, h.img_y, h.token);
         text_in(c, p.w, p.x, y, buf, col_dim);
-        snprintf(buf, sizeof buf, "%s  %.2f", cls < st->n_classes ? st->class_names[cls] : "?",
-                 (double)viz_pixel_score(r, h.img_y, h.img_x));
-        text_in(c, p.w, p.x, y + c->line_h, buf, col_text);
-        if (v->rec && v->layer_mita && h.token >= 0) {
+        const ms_result *f = st->view == VIZ_DIFF ? viz_full(st) : NULL;
+        if (!f) {
+            snprintf(buf, sizeof buf, "%s  %.2f", cls < st->n_classes ? st->class_names[cls] : "?",
+                     (double)viz_pixel_score(r, h.img_y, h.img_x));
+            text_in(c, p.w, p.x, y + c->line_h, buf, col_text);
+        }
+        if (f) {
+            int fc = f->mask[(size_t)h.img_y * r->w + h.img_x];
+            snprintf(buf, sizeof buf, "MiTA %s %.2f", cls < st->n_classes ? st->class_names[cls] : "?",
+                     (double)viz_pixel_score(r, h.img_y, h.img_x));
+            text_in(c, p.w, p.x, y + c->line_h, buf, fc != cls ? col_text : col_dim);
+            snprintf(buf, sizeof buf, "full %s %.2f", fc < st->n_classes ? st->class_names[fc] : "?",
+                     (double)viz_pixel_score(f, h.img_y, h.img_x));
+            text_in(c, p.w, p.x, y + 2 * c->line_h, buf, fc != cls ? col_text : col_dim);
+        } else if (v->rec && v->layer_mita && h.token >= 0) {
             snprintf(buf, sizeof buf, "picked by %d, expert %d", v->count[h.token],
                      route_of(r, v->layer, v->vhead)[h.token]);
             text_in(c, p.w, p.x, y + 2 * c->line_h, buf, col_dim);
@@ -989,8 +1108,8 @@ static void draw_start(const canvas *c, const viz_layout *lay, const viz_state *
         big.font = st->font_big;
         big.line_h = viz_font_height(st->font_big) + 4;
     }
-    const char *l1 = "Drop an image on this window";
-    const char *l2 = "or pass a path: mitaseg view IMAGE.png";
+    const char *l1 = "Drop an image or a folder on this window";
+    const char *l2 = "or give paths: mitaseg view IMAGE.png, FOLDER, --list FILE";
     int y = lay->main.h / 2 - big.line_h;
     text(&big, (lay->W - text_w(&big, l1)) / 2, y, l1, col_text);
     text(c, (lay->W - text_w(c, l2)) / 2, y + big.line_h + 6, l2, col_dim);
@@ -1044,16 +1163,27 @@ void viz_render(uint8_t *rgba, int W, int H, const viz_state *st)
             }
         }
     }
-    if (st->view != VIZ_STRIP || !v.layers) {
+    v.split_x = viz_split_x(&lay, st);
+    if (st->view == VIZ_STATS && v.r) {
+        viz_draw_stats_view(&c, &lay, st, v.layer);
+    } else if (st->view == VIZ_SWEEP && v.r) {
+        viz_draw_sweep_view(&c, &lay, st);
+    } else if (st->view != VIZ_STRIP || !v.layers) {
         pixmap p;
-        if (pixmap_init(&p, lay.image, st->img, v.r)) {
+        if (lay.clip.w > 0 && pixmap_init(&p, lay.clip, lay.image, st->img, v.r)) {
             draw_image(&c, &p, st, &v);
             pixmap_free(&p);
         }
-        if (v.layers && !v.layer_mita && st->view != VIZ_OVERLAY) {
+        if (st->zoom > 1.0f && view_zooms(st->view)) {
+            char zb[48];
+            snprintf(zb, sizeof zb, "zoom %.1fx  (0: fit)", (double)st->zoom);
+            text_shadow(&c, lay.clip.x + lay.clip.w - text_w(&c, zb) - 8, lay.clip.y + lay.clip.h - c.line_h - 4, zb,
+                        col_white);
+        }
+        if (v.layers && !v.layer_mita && st->view != VIZ_OVERLAY && st->view != VIZ_DIFF) {
             char buf[80];
             snprintf(buf, sizeof buf, "layer %d ran full attention: every position read", v.layer);
-            text_shadow(&c, lay.image.x + 8, lay.image.y + 6, buf, col_tile_full);
+            text_shadow(&c, lay.clip.x + 8, lay.clip.y + 6, buf, col_tile_full);
         }
     }
     if (v.layers) draw_tiles(&c, &lay, st, &v, scratch);

@@ -9,6 +9,7 @@
 #include <math.h>
 
 #include "../app/engine.h"
+#include "../app/stats.h"
 #include "colormap.h"
 #include "text.h"
 
@@ -19,6 +20,9 @@ typedef enum {
     VIZ_EXPERT,         /* one landmark: window, picks, routed queries */
     VIZ_ROUTING,        /* each patch coloured by its expert */
     VIZ_QUERY,          /* one query: its expert, what it read, mass split */
+    VIZ_DIFF,           /* pixels whose class differs from full attention's */
+    VIZ_STATS,          /* per-layer statistics as charts */
+    VIZ_SWEEP,          /* agreement and time against the budget */
     VIZ_N_VIEWS
 } viz_view;
 
@@ -47,6 +51,18 @@ typedef struct {
     bool help;                  /* help overlay */
     bool busy;                  /* inference running: busy indicator */
     int busy_tick;              /* animation phase of the indicator */
+    /* MiTA against full attention (NULL / 0: not computed yet) */
+    const ms_result *full;      /* full-attention run of the same image */
+    const ms_stats *stats;      /* statistics of res (and full) */
+    const int64_t *class_pixels; /* (n_classes) pixels of each class in res's mask;
+                                  * NULL: counted per frame */
+    const ms_sweep_point *sweep;
+    int n_sweep;
+    bool diff_split;            /* difference view: MiTA left of split_x, full right */
+    /* zoom about (center_x, center_y), an original-image point kept at the
+     * middle of the main area; zoom 1 fits the image */
+    float zoom;
+    double center_x, center_y;
     const viz_font *font;       /* NULL: no text drawn */
     const viz_font *font_big;   /* start screen; NULL: font */
 } viz_state;
@@ -63,6 +79,8 @@ static inline void viz_class_toggle(viz_state *st, int c)
 
 /* The result, when it belongs to st->img and holds a MiTA record. */
 const ms_result *viz_result(const viz_state *st);
+/* The full-attention result when it belongs to the same image as the result. */
+const ms_result *viz_full(const viz_state *st);
 /* The head the per-head views (expert, routing, query) show: st->head, or 0
  * for all heads. */
 int viz_view_head(const viz_state *st);
@@ -82,7 +100,8 @@ static inline bool viz_rect_contains(viz_rect r, int x, int y)
 typedef struct {
     int W, H;
     viz_rect main;              /* area the image is fitted into */
-    viz_rect image;             /* the image itself */
+    viz_rect image;             /* the image itself (zoomed: may extend past main) */
+    viz_rect clip;              /* the visible part of image */
     viz_rect panel;
     viz_rect strip;
     viz_rect status;
@@ -95,6 +114,10 @@ typedef struct {
     int legend_class[MS_MAX_CLASSES];
     int legend_more;            /* entries that did not fit */
     int legend_y;               /* panel y where the legend starts */
+    int n_charts;               /* per-layer charts (plot areas; a click picks a layer) */
+    viz_rect chart_box[8], chart[8];
+    int depth_chart;            /* the panel's per-layer chart (diff view: block
+                                 * differences; heatmap: pruned); -1: none */
     int line_h;                 /* text line height */
 } viz_layout;
 
@@ -116,6 +139,18 @@ typedef struct {
 } viz_hit;
 
 viz_hit viz_hit_test(const viz_layout *lay, const viz_state *st, int x, int y);
+/* Difference view, split mode: the divider's window x (the pointer when it
+ * is over the image, else the middle). */
+int viz_split_x(const viz_layout *lay, const viz_state *st);
+
+/* Zoom steps: factor z about window point (wx, wy) of the image, keeping the
+ * image point under it in place; zoom stays in 1 .. VIZ_ZOOM_MAX. */
+#define VIZ_ZOOM_MAX 64.0f
+void viz_zoom_at(viz_state *st, const viz_layout *lay, float z, int wx, int wy);
+/* Pans by (dx, dy) window pixels. */
+void viz_pan(viz_state *st, const viz_layout *lay, int dx, int dy);
+/* Back to the fitted image. */
+void viz_zoom_fit(viz_state *st);
 
 /* Draws st into rgba (W x H, row-major, R G B A bytes, A = 255). */
 void viz_render(uint8_t *rgba /* (H, W, 4) */, int W, int H, const viz_state *st);
@@ -143,6 +178,10 @@ static inline int viz_landmark_of_token(const ms_result *r, int tr, int tc)
  * (head -1: all heads). Returns the largest count; -1 when the layer ran full
  * attention or there is no record. */
 int viz_selection_counts(int *count /* (n) */, const ms_result *r, int layer, int head);
+/* How many (head, expert) routed sets of this layer (head -1: all heads)
+ * contain the class token (recorded as position n, mita-spec 2.7); -1 when the
+ * model has no class token, the layer ran full attention or there is no record. */
+int viz_cls_picks(const ms_result *r, int layer, int head);
 /* Fraction of the image's tokens with count 0; tokens: how many in the image. */
 double viz_pruned_fraction(int *tokens, const int *count /* (n) */, const ms_result *r);
 /* Largest selection count over every MiTA layer (the heatmaps' shared scale,

@@ -30,6 +30,19 @@ int viz_selection_counts(int *count, const ms_result *r, int layer, int head)
     return mx;
 }
 
+int viz_cls_picks(const ms_result *r, int layer, int head)
+{
+    if (!has_record(r) || r->ncls < 1 || layer < 0 || layer >= r->depth || !r->layer_mita[layer])
+        return -1;
+    int h0 = head < 0 ? 0 : head, h1 = head < 0 ? r->heads : head + 1, picks = 0;
+    if (h1 > r->heads) return -1;
+    for (int h = h0; h < h1; h++) {
+        const int32_t *idx = r->topk_idx + ((size_t)layer * r->heads + h) * r->m * r->k;
+        for (int j = 0; j < r->m * r->k; j++) picks += idx[j] == r->n;
+    }
+    return picks;
+}
+
 double viz_pruned_fraction(int *tokens, const int *count, const ms_result *r)
 {
     int total = 0, pruned = 0;

@@ -2,7 +2,7 @@
 # Run HERE (the Debian 12 dev machine), not on the GPU machine: downloads the
 # Debian -dev packages the build needs into build-gpu-deps/ (ignored by git,
 # /build*/), so the device tool can carry them (carry: ["build-gpu-deps"]).
-# tests/gpu/device-check.sh unpacks them with dpkg -x into a private prefix
+# tests/gpu/gpu-run.sh unpacks them with dpkg -x into a private prefix
 # only when the GPU machine lacks them. Debian 12 libraries need glibc <= 2.36,
 # so they run on the GPU image's newer glibc.
 set -euo pipefail

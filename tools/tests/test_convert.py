@@ -112,26 +112,28 @@ class TestTimm(Tmp):
     def test_vit_renames_every_tensor(self):
         sd = timm_vit()
         out, bb = self.convert(sd, "--num-heads", HEADS)
-        want = {"backbone." + k for k in sd if k not in ("cls_token", "head.weight", "head.bias")}
+        want = {"backbone." + k for k in sd if k not in ("head.weight", "head.bias")}
         self.assertEqual(set(out), want)
         for k, v in sd.items():
-            if k in ("cls_token", "pos_embed", "head.weight", "head.bias"):
+            if k in ("head.weight", "head.bias"):
                 continue
+            # the class token and its position slot (first) are kept (mita-spec 1)
             self.assertTrue(torch.equal(out["backbone." + k], v), k)
-        # class token's position slot (first) dropped, patch grid kept in order
-        self.assertTrue(torch.equal(out["backbone.pos_embed"], sd["pos_embed"][:, 1:]))
         self.assertEqual(bb, {"patch_size": PATCH, "embed_dim": C, "depth": 2, "num_heads": HEADS,
                               "stem": {"type": "patch"}, "mlp_ratio": 4, "ln_eps": 1e-6,
-                              "pos_grid": [GRID, GRID], "final_norm": True})
+                              "pos_grid": [GRID, GRID], "final_norm": True, "cls_token": True})
 
     def test_deit_wrapper_with_distillation_token(self):
         sd = timm_vit(dist=True)
         out, bb = self.convert({"model": sd, "optimizer": {}, "epoch": 299}, "--num-heads", HEADS)
         self.assertNotIn("backbone.dist_token", out)
         self.assertFalse(any("head" in k for k in out))
-        # class AND distillation slots come first in DeiT's pos_embed
-        self.assertEqual(tuple(out["backbone.pos_embed"].shape), (1, GRID * GRID, C))
-        self.assertTrue(torch.equal(out["backbone.pos_embed"], sd["pos_embed"][:, 2:]))
+        # class AND distillation slots come first in DeiT's pos_embed: the
+        # class slot is kept, the distillation slot dropped
+        self.assertEqual(tuple(out["backbone.pos_embed"].shape), (1, 1 + GRID * GRID, C))
+        self.assertTrue(torch.equal(out["backbone.pos_embed"],
+                                    torch.cat([sd["pos_embed"][:, :1], sd["pos_embed"][:, 2:]], 1)))
+        self.assertTrue(torch.equal(out["backbone.cls_token"], sd["cls_token"]))
         self.assertTrue(torch.equal(out["backbone.blocks.1.attn.qkv.weight"], sd["blocks.1.attn.qkv.weight"]))
 
     def test_ddp_prefix_and_non_square_grid(self):
@@ -141,7 +143,7 @@ class TestTimm(Tmp):
         self.assert_fails(("timm", src, self.path("o.pt"), "--num-heads", 2), src, "not a square")
         out, bb = self.convert(sd, "--num-heads", 2, "--pos-grid", "2x6")
         self.assertEqual(bb["pos_grid"], [2, 6])
-        self.assertTrue(torch.equal(out["backbone.pos_embed"], sd["module.pos_embed"][:, 1:]))
+        self.assertTrue(torch.equal(out["backbone.pos_embed"], sd["module.pos_embed"]))
 
     def test_converted_block_equals_timm_block(self):
         """Our Block (full attention) on the renamed tensors = timm's block on
@@ -167,14 +169,31 @@ class TestTimm(Tmp):
         model = R.MitaSeg(cfg)
         loaded, skipped = convert.init_backbone(model, dst)
         src = torch.load(dst)["state_dict"]
-        self.assertEqual(skipped, ["backbone.norm.weight", "backbone.norm.bias"])   # final_norm false
+        # final_norm false; no class token in this model
+        self.assertEqual(skipped, ["backbone.cls_token", "backbone.norm.weight", "backbone.norm.bias"])
         self.assertIn("backbone.blocks.3.mlp.fc2.bias", loaded)
         own = model.state_dict()
         for k in ("backbone.blocks.2.attn.qkv.weight", "backbone.patch_embed.proj.weight"):
             self.assertTrue(torch.equal(own[k], src[k]), k)
-        # 4x4 position embedding resized to the 2x3 training grid
-        self.assertTrue(torch.allclose(own["backbone.pos_embed"],
-                                       R.resize_pos_embed(src["backbone.pos_embed"], (4, 4), (2, 3))))
+        # 4x4 position embedding resized to the 2x3 training grid as timm
+        # would (antialiased bicubic), the class slot dropped with the token
+        grid_pos = src["backbone.pos_embed"][:, 1:].reshape(1, 4, 4, C).permute(0, 3, 1, 2)
+        want = F.interpolate(grid_pos, size=(2, 3), mode="bicubic", align_corners=False,
+                             antialias=True).permute(0, 2, 3, 1).reshape(1, 6, C)
+        self.assertTrue(torch.allclose(own["backbone.pos_embed"], want))
+        self.assertFalse(torch.allclose(own["backbone.pos_embed"],
+                                        R.resize_pos_embed(src["backbone.pos_embed"][:, 1:],
+                                                           (4, 4), (2, 3))))
+        # a model with a class token takes it, and its unresized slot
+        cfg["backbone"]["cls_token"] = True
+        m2 = R.MitaSeg(cfg)
+        loaded, _ = convert.init_backbone(m2, dst)
+        self.assertIn("backbone.cls_token", loaded)
+        own2 = m2.state_dict()
+        self.assertTrue(torch.equal(own2["backbone.cls_token"], src["backbone.cls_token"]))
+        self.assertTrue(torch.equal(own2["backbone.pos_embed"][:, 0], src["backbone.pos_embed"][:, 0]))
+        self.assertTrue(torch.allclose(own2["backbone.pos_embed"][:, 1:], want))
+        del cfg["backbone"]["cls_token"]
         # a conv-stem model takes everything but the patch stem
         cfg["backbone"]["stem"] = {"type": "conv", "channels": [4, 8, 16, 32]}
         _, skipped = convert.init_backbone(R.MitaSeg(cfg), dst)
@@ -191,12 +210,26 @@ class TestTimm(Tmp):
         src = self.path("ls.pth")
         torch.save(sd, src)
         self.assert_fails(("timm", src, self.path("o.pt"), "--num-heads", HEADS), src, "'blocks.0.ls1.gamma'")
-        # an mmseg checkpoint is not a timm backbone: first key named
+        # an mmseg checkpoint is not a timm backbone: say which subcommand fits
         torch.save(mmseg_upernet(), src)
-        self.assert_fails(("timm", src, self.path("o.pt")), src, "'backbone.cls_token'")
+        self.assert_fails(("timm", src, self.path("o.pt")), src, "convert.py mmseg")
+        # Swin and ConvNeXt are not plain ViTs
+        torch.save({"state_dict": {"backbone.stages.0.blocks.0.attn.w_msa.relative_position_bias_table":
+                                   rnd(49, 3), "backbone.patch_embed.projection.weight": rnd(C, 3, 4, 4)}},
+                   src)
+        for kind in ("timm", "mmseg"):
+            self.assert_fails((kind, src, self.path("o.pt")), src, "Swin", "not a plain ViT")
+        torch.save({"model": {"stem.0.weight": rnd(C, 3, 4, 4), "stages.0.blocks.0.conv_dw.weight":
+                              rnd(C, 1, 7, 7)}}, src)
+        for kind in ("timm", "mmseg"):
+            self.assert_fails((kind, src, self.path("o.pt")), src, "ConvNeXt", "not a plain ViT")
         # the head count of width 32 cannot be guessed
         torch.save(timm_vit(), src)
         self.assert_fails(("timm", src, self.path("o.pt")), "--num-heads")
+        # a DeiT checkpoint names its model: a contradicting --num-heads is refused
+        torch.save({"model": timm_vit(), "args": {"model": "deit_small_patch16_224"}}, src)
+        self.assert_fails(("timm", src, self.path("o.pt"), "--num-heads", 2), src, "args.model",
+                          "6 heads")
         # missing file, not a checkpoint
         self.assert_fails(("timm", self.path("nope.pth"), self.path("o.pt")), "nope.pth")
         with open(src, "wb") as f:
@@ -272,18 +305,24 @@ def mmseg_to_ours(k):
         return k.replace("projection", "proj")
     if k.startswith("backbone.ln1."):
         return k.replace("ln1", "norm")
-    if k.startswith("auxiliary_head.") or k.endswith("num_batches_tracked") or k == "backbone.cls_token":
+    if k.startswith("auxiliary_head.") or k.endswith("num_batches_tracked"):
         return None
     return k    # pos_embed (sliced), neck.*, decode_head.*
 
 
-def mmseg_vit_taps(sd, x, out_indices, heads):
-    """mmseg VisionTransformer.forward (with_cls_token=False, final_norm) built
-    from nn.MultiheadAttention and nn.Sequential FFNs holding the mmseg tensors."""
+def mmseg_vit_taps(sd, x, out_indices, heads, with_cls=False):
+    """mmseg VisionTransformer.forward (with_cls_token as given, final_norm)
+    built from nn.MultiheadAttention and nn.Sequential FFNs holding the mmseg
+    tensors: the class token is prepended, the position embedding added, and
+    the token dropped again unless with_cls; taps drop it."""
     p = "backbone."
-    t = F.conv2d(x, sd[p + "patch_embed.projection.weight"], sd[p + "patch_embed.projection.bias"], stride=PATCH)
+    t = F.conv2d(x, sd[p + "patch_embed.projection.weight"], sd.get(p + "patch_embed.projection.bias"),
+                 stride=PATCH)
     B, _, hp, wp = t.shape
-    t = t.flatten(2).transpose(1, 2) + sd[p + "pos_embed"][:, 1:]
+    t = torch.cat([sd[p + "cls_token"].expand(B, -1, -1), t.flatten(2).transpose(1, 2)], 1)
+    t = t + sd[p + "pos_embed"]
+    if not with_cls:
+        t = t[:, 1:]
     depth = len({k.split(".")[2] for k in sd if k.startswith(p + "layers.")})
     taps = []
     for i in range(depth):
@@ -304,7 +343,8 @@ def mmseg_vit_taps(sd, x, out_indices, heads):
         if i == depth - 1 and p + "ln1.weight" in sd:
             t = F.layer_norm(t, (C,), sd[p + "ln1.weight"], sd[p + "ln1.bias"], 1e-6)
         if i in out_indices:
-            taps.append(t.transpose(1, 2).reshape(B, C, hp, wp))
+            o = t[:, 1:] if with_cls else t
+            taps.append(o.transpose(1, 2).reshape(B, C, hp, wp))
     return taps
 
 
@@ -338,7 +378,7 @@ class TestMmseg(Tmp):
             ours = mmseg_to_ours(k)
             if ours is None:
                 continue
-            mapped[ours] = v[:, 1:] if k == "backbone.pos_embed" else v
+            mapped[ours] = v   # class token and its position slot kept (with_cls_token)
         self.assertEqual(set(got), set(mapped))     # no aux head, nothing missing
         for k, v in mapped.items():
             self.assertTrue(torch.equal(got[k], v.float()), k)
@@ -377,13 +417,20 @@ class TestMmseg(Tmp):
         self.assertEqual(cfg["input"]["short_side"], None)
 
     def test_converted_model_matches_mmseg_forward(self):
+        for cls in (False, True):
+            with self.subTest(with_cls_token=cls):
+                self.check_mmseg_forward(cls)
+
+    def check_mmseg_forward(self, cls):
         """Backbone taps and neck of the converted model (full attention) equal
         mmseg's ViT (nn.MultiheadAttention with in_proj/out_proj, FFN layers)
         and MultiLevelNeck on the original tensors; the head keeps mmseg's names.
         Then the whole pipeline runs at an image size that needs resize + padding."""
         ck = mmseg_upernet()
         sd = ck["state_dict"]
-        model = self.convert(ck, "--num-heads", HEADS, "--short-side", 64)
+        model = self.convert(ck, "--num-heads", HEADS, "--short-side", 64, "--cls-token",
+                             "on" if cls else "off")
+        self.assertEqual(model.cfg["backbone"].get("cls_token", False), cls)
         x = torch.randn(1, 3, 64, 96)       # 4x6 tokens: pos_embed resized from 4x4
         with torch.no_grad():
             stages = {}
@@ -392,7 +439,7 @@ class TestMmseg(Tmp):
             x4 = x[..., :64, :64]
             st4 = {}
             model(x4, attn={"type": "full"}, stages=st4)
-            taps = mmseg_vit_taps(sd, x4, [0, 1, 2, 3], HEADS)
+            taps = mmseg_vit_taps(sd, x4, [0, 1, 2, 3], HEADS, with_cls=cls)
             neck = mmseg_mln(sd, taps)
         # float32, different op order (fused MHA vs. split matmuls): ~1e-6 relative
         for j in range(4):
@@ -414,6 +461,94 @@ class TestMmseg(Tmp):
         with torch.no_grad():
             self.assertEqual(tuple(model(torch.randn(1, 3, 64, 64)).shape), (1, 5, 4, 4))
 
+    def test_mmseg_1x_defaults_and_training_config(self):
+        """mmseg 1.x: patch_bias=False (no projection bias: a zero bias, noted);
+        the training config in meta.cfg gives heads, with_cls_token and the test
+        set-up (Resize scale, slide crop/stride)."""
+        ck = mmseg_upernet()
+        sd = ck["state_dict"]
+        del sd["backbone.patch_embed.projection.bias"]
+        ck["meta"] = {"cfg": (
+            "crop_size = (512, 512)\n"
+            "model = dict(\n    type='EncoderDecoder',\n    backbone=dict(\n        type='VisionTransformer',\n"
+            "        num_heads=2,\n        with_cls_token=False,\n        patch_bias=False),\n"
+            "    neck=dict(type='MultiLevelNeck', num_heads=99),\n"
+            "    test_cfg=dict(mode='slide', crop_size=(48, 64), stride=(32, 40)))\n"
+            "test_pipeline = [\n    dict(type='LoadImageFromFile'),\n"
+            "    dict(type='Resize', scale=(2048, 96), keep_ratio=True),\n    dict(type='PackSegInputs')\n]\n")}
+        src, dst = self.path("upernet.pth"), self.path("model.safetensors")
+        torch.save(ck, src)
+        rc, _, err = self.run_cli("mmseg", src, dst)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("patch_bias=False", err)                 # the note
+        model = R.load_model(dst)
+        cfg = model.cfg
+        self.assertEqual(cfg["backbone"]["num_heads"], 2)       # the backbone's, not the neck's
+        self.assertFalse(cfg["backbone"].get("cls_token", False))
+        self.assertEqual(cfg["input"]["short_side"], 96)
+        self.assertEqual(cfg["input"]["slide"], {"crop": [48, 64], "stride": [32, 40]})
+        self.assertEqual(cfg["input"]["padded_logits"], "resize")
+        self.assertTrue(torch.equal(model.state_dict()["backbone.patch_embed.proj.bias"], torch.zeros(C)))
+        x = torch.randn(1, 3, 64, 64)
+        with torch.no_grad():
+            st = {}
+            model(x, attn={"type": "full"}, stages=st)
+            taps = mmseg_vit_taps(sd, x, [0, 1, 2, 3], HEADS, with_cls=False)
+        self.assertLess((st["taps.3"] - taps[3]).abs().max().item(), 1e-4)
+        # a data preprocessor that pads at test time: mmseg crops the padding
+        ck["meta"]["cfg"] += ("data_preprocessor = dict(\n    test_cfg=dict(size_divisor=32),\n"
+                              "    type='SegDataPreProcessor')\n")
+        torch.save(ck, src)
+        rc, _, err = self.run_cli("mmseg", src, dst)
+        self.assertEqual(rc, 0, err)
+        inp = R.load_model(dst).cfg["input"]
+        self.assertEqual((inp["padded_logits"], inp["pad_multiple"]), ("crop", 32))
+        # flags win over the config
+        rc, _, err = self.run_cli("mmseg", src, dst, "--slide", "none", "--short-side", 80,
+                                  "--padded-logits", "crop", "--cls-token", "on")
+        self.assertEqual(rc, 0, err)
+        cfg = R.load_model(dst).cfg
+        self.assertNotIn("slide", cfg["input"])
+        self.assertEqual((cfg["input"]["short_side"], cfg["input"]["padded_logits"]), (80, "crop"))
+        self.assertTrue(cfg["backbone"]["cls_token"])
+
+    def test_ade20k_head_gets_the_ade20k_test_setup(self):
+        ck = mmseg_upernet(classes=150)
+        ck["meta"]["CLASSES"] = ["wall"] + ["c%d" % i for i in range(149)]
+        ck["meta"]["PALETTE"] = [[i, i, i] for i in range(150)]
+        src, dst = self.path("ade.pth"), self.path("model.safetensors")
+        torch.save(ck, src)
+        rc, _, err = self.run_cli("mmseg", src, dst, "--num-heads", HEADS)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("ADE20K", err)
+        inp = R.load_model(dst).cfg["input"]
+        # mmseg's ViT-UperNet ADE20K configs test the whole image (mode='whole')
+        self.assertEqual((inp["short_side"], inp.get("slide")), (512, None))
+        rc, _, err = self.run_cli("mmseg", src, dst, "--num-heads", HEADS, "--slide", "512,341")
+        self.assertEqual(rc, 0, err)
+        inp = R.load_model(dst).cfg["input"]
+        self.assertEqual(inp["slide"], {"crop": [512, 512], "stride": [341, 341]})
+
+    def test_head_count_notes(self):
+        """Without metadata the head count cannot be checked: a note names the
+        published value for the width (ViT-S: 6)."""
+        global C
+        saved = C
+        try:
+            C = 384
+            ck = mmseg_upernet(depth=4)
+        finally:
+            C = saved
+        src, dst = self.path("vits.pth"), self.path("model.safetensors")
+        torch.save(ck, src)
+        rc, _, err = self.run_cli("mmseg", src, dst, "--num-heads", 12)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("published ViT-S (width 384) has 6", err)
+        rc, _, err = self.run_cli("mmseg", src, dst)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("using 6", err)
+        self.assertEqual(R.load_model(dst).cfg["backbone"]["num_heads"], 6)
+
     def test_bad_checkpoints_fail_with_one_line(self):
         src, dst = self.path("bad.pth"), self.path("o.safetensors")
         ck = mmseg_upernet()
@@ -426,7 +561,21 @@ class TestMmseg(Tmp):
         self.assert_fails(("mmseg", src, dst, "--num-heads", HEADS), src,
                           "'decode_head.fpn_convs.1.bn.running_var'")
         torch.save({"model": timm_vit()}, src)                  # a timm backbone is not a segmenter
-        self.assert_fails(("mmseg", src, dst), src, "'cls_token'")
+        self.assert_fails(("mmseg", src, dst), src, "convert.py timm")
+        # messages name the checkpoint's own keys, not the renamed ones
+        ck = mmseg_upernet()
+        del ck["state_dict"]["backbone.layers.1.ln2.bias"]
+        torch.save(ck, src)
+        self.assert_fails(("mmseg", src, dst, "--num-heads", HEADS), src, "'backbone.layers.1.ln2.bias'")
+        ck = mmseg_upernet()
+        ck["state_dict"]["backbone.layers.0.ffn.layers.0.0.weight"] = rnd(4 * C, C + 1)
+        torch.save(ck, src)
+        self.assert_fails(("mmseg", src, dst, "--num-heads", HEADS), src,
+                          "'backbone.layers.0.ffn.layers.0.0.weight'")
+        ck = mmseg_upernet()
+        ck["meta"]["config"] = "model = dict(backbone=dict(type='VisionTransformer', num_heads=4), neck=None)"
+        torch.save(ck, src)
+        self.assert_fails(("mmseg", src, dst, "--num-heads", HEADS), src, "--num-heads 2", "4 heads")
         torch.save(mmseg_upernet(), src)
         names = self.path("names.txt")
         with open(names, "w") as f:

@@ -134,6 +134,66 @@ class TestMitaAttention(unittest.TestCase):
             self.assertLess((got - want).abs().max().item(), self.TOL)
 
 
+class TestClassToken(unittest.TestCase):
+    """mita-spec 1 and 2.7: the class token is token 0 of the sequence, a key
+    and query like any other; the landmarks pool the grid only; records number
+    it N, after the grid."""
+
+    def test_mita_with_class_token_matches_naive_loop(self):
+        g = torch.Generator().manual_seed(11)
+        h, d, grid, topk = 2, 4, (4, 5), 6
+        N, C = 20, 8
+        q, k, v = (torch.randn(N + 1, C, generator=g, dtype=torch.float64) for _ in range(3))
+        heads = lambda t: t.reshape(-1, h, d).transpose(0, 1)
+        L = naive_landmarks(q[1:], grid, (2, 2), h)          # grid queries only
+        want = naive_mita(heads(q), heads(k), heads(v), L, topk, "d")
+        rec = {}
+        got = R.attention_mita(heads(q)[None], heads(k)[None], heads(v)[None], L[None], topk,
+                               "d", rec, ncls=1)[0]
+        self.assertLess((got - want).abs().max().item(), 1e-10)
+        # records: sequence position 0 is reported as N, position j >= 1 as j - 1
+        P = L @ heads(k).transpose(-1, -2)                    # (h, M, 1 + N)
+        seq_idx = torch.sort(P, dim=-1, descending=True, stable=True).indices[..., :topk]
+        self.assertTrue(torch.equal(rec["topk_idx"][0], (seq_idx - 1) % (N + 1)))
+        Rm = heads(q) @ L.transpose(-1, -2)                   # (h, 1 + N, M)
+        e = R.first_argmax(Rm, -1)
+        self.assertTrue(torch.equal(rec["route"][0], torch.cat([e[:, 1:], e[:, :1]], 1)))
+
+    def test_class_token_wins_exact_ties(self):
+        # a class token whose key equals grid token 3's: the probe ties; the
+        # lower sequence index (the class token) is picked, reported as N
+        h, d, N = 1, 2, 4
+        k = torch.tensor([[0.0, 1.0], [0.1, 0.0], [0.2, 0.0], [0.3, 0.0], [0.0, 1.0]],
+                         dtype=torch.float64)          # rows: class, grid 0..3
+        k[0] = k[4]
+        q = torch.ones(N + 1, d, dtype=torch.float64)
+        L = torch.tensor([[[[0.0, 1.0]]]], dtype=torch.float64)   # one landmark
+        rec = {}
+        R.attention_mita(q[None, None], k[None, None], k[None, None], L, 1, "d", rec, ncls=1)
+        self.assertEqual(rec["topk_idx"][0, 0, 0].tolist(), [N])
+
+    def test_pos_embed_class_row_not_resized_and_taps_drop_it(self):
+        cfg = tiny_config()
+        cfg["backbone"] = dict(cfg["backbone"], cls_token=True)
+        m = R.MitaSeg(cfg).double().eval()
+        with torch.no_grad():
+            m.backbone.pos_embed.normal_()
+            m.backbone.cls_token.normal_()
+        pos = m.backbone.pos_embed
+        self.assertEqual(tuple(pos.shape), (1, 1 + 24, 32))
+        r = R.resize_pos_embed(pos, (4, 6), (3, 5), ncls=1)
+        self.assertEqual(tuple(r.shape), (1, 1 + 15, 32))
+        self.assertTrue(torch.equal(r[:, 0], pos[:, 0]))
+        self.assertTrue(torch.equal(r[:, 1:], R.resize_pos_embed(pos[:, 1:], (4, 6), (3, 5))))
+        st = {}
+        with torch.no_grad():
+            m(torch.randn(1, 3, 48, 80, dtype=torch.float64), attn={"type": "full"}, stages=st)
+        self.assertEqual(tuple(st["embed"].shape), (1, 16, 32))
+        self.assertEqual(tuple(st["taps.0"].shape), (1, 32, 3, 5))
+        self.assertTrue(torch.equal(st["taps.0"], st["blocks.0"][:, 1:].transpose(1, 2)
+                                    .reshape(1, 32, 3, 5)))
+
+
 # ---------------------------------------------------------------- pre/post
 
 def tiny_config(**over):

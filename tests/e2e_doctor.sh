@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# End-to-end tests of `mitaseg doctor`: the facts it prints, the self-test
+# table (every op, the bundled tiny model against its golden), exit codes,
+# and that a self-test failure is reported as one (a golden that does not
+# belong to the model, a missing golden). On a machine without a GPU it
+# must say why no GPU is used.
+set -u
+BIN=${MS_BIN:?MS_BIN must name the mitaseg binary}
+FIX=${MS_FIXTURES:-$(dirname "$0")/fixtures}
+T=$(mktemp -d /tmp/ms_e2e_doctor.XXXXXX)
+trap 'rm -rf "$T"' EXIT
+fails=0
+ok() { echo "ok   $*"; }
+bad() { fails=$((fails + 1)); echo "FAIL $*"; }
+check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+
+"$BIN" doctor >"$T/out" 2>"$T/err"
+rc=$?
+check "doctor: exit 0" test $rc -eq 0
+check "doctor: CPU line with threads" grep -Eq '^cpu: .*[0-9]+ threads used' "$T/out"
+check "doctor: CPU features line" grep -q '^cpu features:' "$T/out"
+check "doctor: OpenBLAS build" grep -Eq '^openblas: OpenBLAS [0-9]' "$T/out"
+ops="linear layernorm add transpose softmax_rows attention_full mita conv2d conv_transpose2x2
+adaptive_avgpool maxpool2x2 resize_bilinear resize_bicubic crop argmax normalize_pad"
+missing=""
+for op in $ops; do
+    grep -Eq "^$op +cpu +cpu, 1 thread +[0-9.e+-]+ +[0-9.e+-]+ +pass" "$T/out" || missing="$missing $op"
+done
+check "doctor: a passing CPU row for every op (missing:${missing:- none})" test -z "$missing"
+check "doctor: the bundled model against the Python reference" \
+    grep -Eq '^model +cpu +python reference +[0-9.e+-]+ +1e-03 +pass: mask 100.00% equal' "$T/out"
+check "doctor: summary line" grep -Eq '^self-test: all passed \([0-9]+ rows, 0 failed' "$T/out"
+if [ -e /dev/nvidia0 ] || [ -d /proc/driver/nvidia/gpus ] || [ "${MS_EXPECT_GPU:-0}" = 1 ]; then
+    check "doctor: a GPU row per mode" grep -Eq '^linear +cuda:0 tensor cores +cpu, tc rounding' "$T/out"
+else
+    # no GPU: says why, in one of the two ways (no CUDA in the build, or no device/driver)
+    check "doctor: says why no GPU is used" \
+        grep -Eq '^(gpus: none: .+; the CPU is used|cuda: this build has no CUDA backend)' "$T/out"
+    check "doctor: no GPU rows" bash -c "! grep -q 'cuda:0' '$T/out'"
+    # a GPU said to be present that CUDA cannot use is a failure (CUDA builds)
+    MS_EXPECT_GPU=1 "$BIN" doctor --no-selftest >"$T/out7" 2>&1
+    rc=$?
+    if grep -q '^cuda: this build has no CUDA backend' "$T/out7"; then
+        check "GPU present, CPU-only build: exit 0, said" \
+            bash -c "test $rc -eq 0 && grep -q 'this machine has a GPU' '$T/out7'"
+    else
+        check "GPU present but unusable: exit 1, said" \
+            bash -c "test $rc -eq 1 && grep -q '^gpus: a GPU is present, but CUDA cannot use it' '$T/out7'"
+    fi
+fi
+
+"$BIN" doctor --no-selftest >"$T/out2" 2>&1
+check "--no-selftest: exit 0, facts, no table" \
+    bash -c "test $? -eq 0 && grep -q '^openblas:' '$T/out2' && ! grep -q '^self-test' '$T/out2'"
+
+# a golden from another model: the model row fails, exit 1
+"$BIN" doctor --selftest-golden "$FIX/mita_d.golden.safetensors" >"$T/out3" 2>&1
+rc=$?
+check "foreign golden: exit 1" test $rc -eq 1
+check "foreign golden: model row FAIL" grep -Eq '^model +cpu .* FAIL' "$T/out3"
+check "foreign golden: summary FAILED" grep -Eq '^self-test: FAILED \([0-9]+ rows, 1 failed' "$T/out3"
+
+"$BIN" doctor --selftest-golden "$T/missing.safetensors" >"$T/out4" 2>&1
+rc=$?
+check "missing golden: exit 1, the row names the file" \
+    bash -c "test $rc -eq 1 && grep -Eq '^model +cpu .*FAIL: .*missing.safetensors' '$T/out4'"
+
+"$BIN" doctor --bogus >"$T/out5" 2>"$T/err5"
+rc=$?
+check "unknown option: exit 2, one line on stderr" \
+    bash -c "test $rc -eq 2 && test \$(wc -l < '$T/err5') -eq 1 && grep -q -- '--bogus' '$T/err5'"
+"$BIN" doctor --help >"$T/out6" 2>&1
+check "--help: exit 0, usage" bash -c "test $? -eq 0 && grep -q '^usage: mitaseg doctor' '$T/out6'"
+"$BIN" --help | grep -q '^  doctor'
+check "mitaseg --help lists doctor" test $? -eq 0
+
+[ $fails -eq 0 ] || { echo "$fails failed"; exit 1; }
+echo "all passed"
