@@ -136,6 +136,13 @@ START_TEST(test_tta_record_and_batch)
     double mag = max_abs(t.logits, n);
     ck_assert(max_abs_diff(bt[0].logits, t.logits, n) <= 1e-5 * (mag > 1 ? mag : 1));
     ck_assert_int_eq(memcmp(bt[0].route, t.route, routes * sizeof(int32_t)), 0);
+    /* mask_only (segment's default) still averages: the same mask */
+    ms_run_options tta_mask = tta;
+    tta_mask.mask_only = true;
+    ms_result m = {0};
+    ck_assert(engine_run(e, &m, &im[0], &tta_mask) == MS_OK);
+    ck_assert_int_eq(memcmp(m.mask, t.mask, (size_t)t.h * t.w), 0);
+    result_free(&m);
     ms_result one = {0};
     ck_assert(engine_run(e, &one, &im[1], &tta) == MS_OK);
     ck_assert(max_abs_diff(bt[1].logits, one.logits, n) <= 1e-5 * (mag > 1 ? mag : 1));
