@@ -24,7 +24,10 @@ const char cli_engine_help[] =
     "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n"
     "  --max-memory SIZE       refuse, before decoding it, an image whose run would\n"
     "                          hold more than SIZE bytes of host memory (K, M, G,\n"
-    "                          T suffixes; default: half of physical memory)\n";
+    "                          T suffixes; default: half of physical memory)\n"
+    "  --tta flip|none         flip: average the logits of the image and its mirror\n"
+    "                          (about twice the time; MiTA selections from the\n"
+    "                          unflipped image). Default none\n";
 
 double cli_now_s(void)
 {
@@ -163,7 +166,7 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
 {
     const char *opt = argv[*i];
     static const char *const with_value[] = {"--model", "--attention", "--landmarks", "--topk",
-                                             "--device", "--threads", "--max-memory", NULL};
+                                             "--device", "--threads", "--max-memory", "--tta", NULL};
     if (!strcmp(opt, "--fp32")) {
         a->eng.fp32 = true;
         return 1;
@@ -201,6 +204,10 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
         else if (!strcmp(v, "cuda")) a->eng.device = MS_DEV_CUDA;
         else if (!strcmp(v, "auto")) a->eng.device = MS_DEV_AUTO;
         else { cli_error("--device: expected cpu, cuda or auto, got '%s'", v); return -1; }
+    } else if (!strcmp(opt, "--tta")) {
+        if (!strcmp(v, "flip")) a->run.tta_flip = true;
+        else if (!strcmp(v, "none")) a->run.tta_flip = false;
+        else { cli_error("--tta: expected flip or none, got '%s'", v); return -1; }
     } else if (!strcmp(opt, "--max-memory")) {
         if (!parse_size(v, &a->eng.max_memory)) {
             cli_error("--max-memory: expected a size such as 2G or 512M, got '%s'", v);

@@ -388,6 +388,7 @@ int cmd_eval(int argc, char **argv)
            res.attention == MS_ATTN_MITA ? "mita" : "full");
     if (res.attention == MS_ATTN_MITA && done) printf(" (landmarks %dx%d, k %d)", res.gh, res.gw, res.k);
     if (tile) printf(", tiles %d overlap %d", tile, overlap);
+    if (ea.run.tta_flip) printf(", flip TTA");
     printf("\n\n%-24s %7s %7s\n", "class", "IoU", "Acc");
     for (int k = 0; k < cfg->n_classes; k++) {
         printf("%-24s", cfg->class_names[k]);
@@ -434,6 +435,7 @@ int cmd_eval(int argc, char **argv)
                               "images", imgs, "failed", fl, "seconds", secs,
                               "ms_per_image", mspi,
                               "interrupted", cli_interrupted ? "yes" : "no", "tile", tiles,
+                              "tta", ea.run.tta_flip ? "flip" : "none",
                               /* MiTA facts last: NULL ends the list for full attention */
                               mita ? "landmarks" : NULL, lm, "topk", topk, NULL};
         if (metrics_write_json(json, &m, &cm, (const char(*)[64])cfg->class_names, meta) != MS_OK) {

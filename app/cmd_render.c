@@ -201,13 +201,15 @@ int cmd_render(int argc, char **argv)
         goto done;
     }
     if (against_full && res.attention == MS_ATTN_MITA) {
-        ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true};
+        /* the reference (and the sweep below) with the shown run's TTA: like with like */
+        ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true, .tta_flip = ro.tta_flip};
         if (engine_run(eng, &full, &img, &fo) != MS_OK || stats_compute(&stats, &res, &full) != MS_OK) {
             cli_error("%s: %s", image, ms_last_error());
             goto done;
         }
         if (view == VIZ_SWEEP) {
             n_sweep = stats_sweep_plan(sweep, res.gh, res.gw, res.k, res.hp, res.wp, res.n);
+            for (int i = 0; i < n_sweep; i++) sweep[i].tta_flip = ro.tta_flip;
             for (int i = 0; i < n_sweep; i++)
                 if (stats_run_sweep_point(&sweep[i], eng, &scratch, &img, full.mask) != MS_OK) {
                     cli_error("%s: sweep %s: %s", image, sweep[i].label, ms_last_error());
@@ -292,8 +294,8 @@ int cmd_render(int argc, char **argv)
     char status[256], info[256];
     describe(status, sizeof status, image, &res);
     const char *model = cli_model_path(&ea), *slash = strrchr(model, '/');
-    snprintf(info, sizeof info, "%s\nran on %s in %.0f ms", slash ? slash + 1 : model, res.device_name,
-             res.ms_total);
+    snprintf(info, sizeof info, "%s\nran on %s in %.0f ms%s", slash ? slash + 1 : model, res.device_name,
+             res.ms_total, res.tta_flip ? " (flip TTA)" : "");
     st.status = status;
     st.info = info;
     px = malloc((size_t)W * H * 4);

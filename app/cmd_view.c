@@ -215,6 +215,7 @@ static void start_next(viewer *v)
         memset(&j->opt, 0, sizeof j->opt);
         j->opt.attention = MS_ATTN_FULL;
         j->opt.keep_blocks = true;
+        j->opt.tta_flip = v->run.tta_flip; /* compare like with like */
     } else if (k == JOB_SWEEP) {
         j->point = &v->sweep[v->sweep_next];
         j->full_mask = v->full.mask;
@@ -304,6 +305,7 @@ static void sweep_plan(viewer *v)
 {
     const ms_result *r = &v->res;
     v->n_sweep = stats_sweep_plan(v->sweep, r->gh, r->gw, r->k, r->hp, r->wp, r->n);
+    for (int i = 0; i < v->n_sweep; i++) v->sweep[i].tta_flip = r->tta_flip;
     v->sweep_next = 0;
 }
 
@@ -314,9 +316,9 @@ static void main_ready(viewer *v)
     memset(v->class_pixels, 0, sizeof v->class_pixels);
     for (size_t i = 0; i < (size_t)v->res.h * v->res.w; i++) v->class_pixels[v->res.mask[i]]++;
     clamp_state(v);
-    set_status(v, "%s%s: %dx%d, %s %dx%d k %d, %.0f ms", position(v), base_name(v->path), v->res.w, v->res.h,
-               v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw, v->res.k,
-               v->res.ms_total);
+    set_status(v, "%s%s: %dx%d, %s %dx%d k %d%s, %.0f ms", position(v), base_name(v->path), v->res.w,
+               v->res.h, v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw,
+               v->res.k, v->res.tta_flip ? ", flip TTA" : "", v->res.ms_total);
     if (!v->have_full && v->res.attention != MS_ATTN_FULL) v->want_full = true;
     /* the sweep belongs to one budget and image */
     v->n_sweep = v->sweep_next = 0;
@@ -326,7 +328,7 @@ static void main_ready(viewer *v)
     /* run the next image ahead (again, when the budget changed since) */
     ms_run_options now = main_options(v);
     v->want_pre = next_index(v) >= 0 && !(v->pre_ready && same_options(&v->pre_opt, &now));
-    vlog(v, "ready %.0f ms layers %d", v->res.ms_total, v->res.depth);
+    vlog(v, "ready %.0f ms layers %d%s", v->res.ms_total, v->res.depth, v->res.tta_flip ? " tta flip" : "");
 }
 
 static void on_job_done(viewer *v)

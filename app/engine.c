@@ -56,6 +56,8 @@ struct ms_engine {
     uperhead_weights head;
     engine_plan plans[MS_MAX_PLANS];
     size_t max_memory;      /* host bytes a run may hold (weights included) */
+    float *tta_host;        /* (classes, h, w) mirror pass's logits, host; grows */
+    size_t tta_cap;         /* floats in tta_host */
     uint64_t clock;
     ms_trace trace;
 #ifdef MS_HAVE_CUDA
@@ -479,6 +481,7 @@ void engine_free(ms_engine *e)
     if (e->cu) (void)cuda_ctx_use(e->cu); /* freeing from another thread */
 #endif
     for (int i = 0; i < MS_MAX_PLANS; i++) plan_free(&e->plans[i]);
+    ms_free(e->tta_host);
     arena_free(&e->weights_host);
     arena_free(&e->weights_dev);
     free(e->vit.blocks);
@@ -571,7 +574,7 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     g->mita.topk = k < g->seq ? k : g->seq; /* spec 2.2: clamp k to the keys */
     g->mita.shared_scale_d = c->attn.shared_scale_d;
     g->mita.ncls = g->ncls;
-    g->mask_only = opt->mask_only;
+    g->mask_only = opt->mask_only && !opt->tta_flip; /* TTA averages the logits */
     return MS_OK;
 }
 
@@ -921,8 +924,12 @@ ms_status engine_check_memory(ms_engine *e, int count, int h, int w, const ms_ru
                               size_t extra_bytes)
 {
     ms_run_options defaults = {.attention = -1};
+    if (!opt) opt = &defaults;
+    /* flip TTA: the mirror images in the same pass, and the host copy of their logits */
+    bool tta = opt->tta_flip;
+    if (tta) extra_bytes += (size_t)e->cfg->n_classes * h * w * sizeof(float);
     run_geometry g;
-    MS_TRY(plan_geometry(&g, e->cfg, count, h, w, opt ? opt : &defaults));
+    MS_TRY(plan_geometry(&g, e->cfg, tta ? 2 * count : count, h, w, opt));
     size_t act_bytes, host_bytes;
     MS_TRY(plan_measure(e, &g, &act_bytes, &host_bytes));
     size_t total = plan_host_total(e, act_bytes, host_bytes);
@@ -992,6 +999,16 @@ static ms_status copy_out(ms_engine *e, void *dst, const void *src, size_t bytes
     return MS_OK;
 }
 
+/* Waits for copy_out's copies (asynchronous on CUDA) before the host reads them. */
+static ms_status copies_done(ms_engine *e)
+{
+#ifdef MS_HAVE_CUDA
+    if (e->be.device == MS_DEVICE_CUDA) return cuda_sync(e->cu);
+#endif
+    (void)e;
+    return MS_OK;
+}
+
 ms_status engine_run(ms_engine *e, ms_result *res, const ms_image *img, const ms_run_options *opt)
 {
     return engine_run_batch(e, res, &img, 1, opt);
@@ -1017,32 +1034,67 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
 #ifdef MS_HAVE_CUDA
     if (e->be.device == MS_DEVICE_CUDA) MS_TRY(cuda_ctx_use(e->cu)); /* this thread's GPU */
 #endif
+    /* Flip TTA: the mirror images run as images count..2count-1 of the same
+     * pass; their logits are mirrored back and averaged in on the host. */
+    const bool tta = opt->tta_flip;
+    const int passes = tta ? 2 * count : count;
     run_geometry g;
-    MS_TRY(plan_geometry(&g, e->cfg, count, imgs[0]->h, imgs[0]->w, opt));
+    MS_TRY(plan_geometry(&g, e->cfg, passes, imgs[0]->h, imgs[0]->w, opt));
     engine_plan *pl = NULL;
     MS_TRY(engine_get_plan(e, &pl, &g));
     for (int b = 0; b < count; b++) MS_TRY(result_reserve(&res[b], &g, e->cfg));
+    const ms_config *c = e->cfg;
+    size_t px = (size_t)g.h * g.w, n_logits = (size_t)c->n_classes * px;
+    if (tta && e->tta_cap < n_logits) {
+        ms_free(e->tta_host);
+        e->tta_cap = 0;
+        e->tta_host = ms_malloc(n_logits * sizeof(float));
+        if (!e->tta_host)
+            return ms_error(MS_ERR_OOM, "out of memory: flip TTA logits for a %dx%d image", g.w, g.h);
+        e->tta_cap = n_logits;
+    }
 
-    /* Interleaved uint8 -> planar float staging, (B, 3, h, w). */
-    size_t px = (size_t)g.h * g.w;
-    for (int b = 0; b < count; b++) {
+    /* Interleaved uint8 -> planar float staging, (B, 3, h, w); mirrored
+     * left-right for the TTA half. */
+    for (int b = 0; b < passes; b++) {
         float *dst = pl->host_in + (size_t)b * 3 * px;
-        const uint8_t *rgb = imgs[b]->rgb;
-        for (size_t i = 0; i < px; i++)
-            for (int ch = 0; ch < 3; ch++) dst[ch * px + i] = rgb[i * 3 + ch];
+        const uint8_t *rgb = imgs[b % count]->rgb;
+        if (b < count) {
+            for (size_t i = 0; i < px; i++)
+                for (int ch = 0; ch < 3; ch++) dst[ch * px + i] = rgb[i * 3 + ch];
+        } else {
+            for (int y = 0; y < g.h; y++)
+                for (int x = 0; x < g.w; x++) {
+                    size_t i = (size_t)y * g.w + x, src = (size_t)y * g.w + (g.w - 1 - x);
+                    for (int ch = 0; ch < 3; ch++) dst[ch * px + i] = rgb[src * 3 + ch];
+                }
+        }
     }
 
     arena_reset(&pl->act, pl->act_base);
     e->be.scratch = &pl->act;
     run_buffers rb;
     ms_status st = engine_forward(e, &e->be, pl, &g, &rb, &e->trace);
-    const ms_config *c = e->cfg;
     size_t dh = (size_t)c->depth * c->num_heads;
-    size_t n_logits = (size_t)c->n_classes * px, n_topk = dh * g.mita.gh * g.mita.gw * g.mita.topk;
+    size_t n_topk = dh * g.mita.gh * g.mita.gw * g.mita.topk;
     for (int b = 0; b < count && st == MS_OK; b++) {
         ms_result *r = &res[b];
         if (r->logits) st = copy_out(e, r->logits, rb.logits + b * n_logits, n_logits * sizeof(float));
-        if (st == MS_OK) st = copy_out(e, r->mask, rb.mask + b * px, px);
+        if (st == MS_OK && tta) {
+            st = copy_out(e, e->tta_host, rb.logits + (count + b) * n_logits,
+                          n_logits * sizeof(float));
+            if (st == MS_OK) st = copies_done(e);
+            if (st == MS_OK) {
+                for (size_t p = 0; p < (size_t)c->n_classes * g.h; p++) {
+                    float *row = r->logits + p * g.w;                  /* (w) */
+                    const float *mir = e->tta_host + p * g.w;          /* (w), mirrored */
+                    for (int x = 0; x < g.w; x++) row[x] = 0.5f * (row[x] + mir[g.w - 1 - x]);
+                }
+                argmax_cpu(r->mask, r->logits, c->n_classes, g.h, g.w);
+            }
+        } else if (st == MS_OK) {
+            st = copy_out(e, r->mask, rb.mask + b * px, px);
+        }
         if (st == MS_OK && g.record) {
             st = copy_out(e, r->topk_idx, rb.topk_idx + b * n_topk, n_topk * sizeof(int32_t));
             if (st == MS_OK)
@@ -1057,10 +1109,9 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
             size_t nb = (size_t)c->depth * g.n * c->embed_dim;
             st = copy_out(e, r->blocks, rb.blocks + b * nb, nb * sizeof(float));
         }
+        r->tta_flip = tta;
     }
-#ifdef MS_HAVE_CUDA
-    if (st == MS_OK && e->be.device == MS_DEVICE_CUDA) st = cuda_sync(e->cu);
-#endif
+    if (st == MS_OK) st = copies_done(e);
     arena_reset(&pl->act, pl->act_base);
     if (st != MS_OK) return st;
     clock_gettime(CLOCK_MONOTONIC, &t1);

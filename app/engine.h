@@ -28,6 +28,10 @@ typedef struct {
     int gh, gw;         /* landmarks, 0: model's */
     int topk;           /* 0: model's */
     bool record;        /* record MiTA selections (viewer, --dump) */
+    bool tta_flip;      /* test-time augmentation: average the logits of the
+                         * image and of its mirror image (mirrored back); the
+                         * mask is their argmax, the MiTA record the unflipped
+                         * pass's. The mirror runs in the same batch. */
     bool mask_only;     /* no full-size logits (res->logits NULL): the mask
                          * is the argmax taken while resizing, band by band,
                          * so memory does not grow with classes x pixels */
@@ -58,6 +62,7 @@ typedef struct {
     float *blocks;          /* (depth, n, dim) or NULL */
     /* run facts */
     int attention;          /* MS_ATTN_* actually used */
+    bool tta_flip;          /* logits averaged with the mirror image's */
     double ms_total;        /* wall time of the forward pass; in a batch of
                              * count images, the batch's time / count */
     char device_name[64];

@@ -197,7 +197,8 @@ int stats_sweep_plan(ms_sweep_point *pts, int gh, int gw, int k, int hp, int wp,
 ms_status stats_run_sweep_point(ms_sweep_point *pt, ms_engine *e, ms_result *scratch, const ms_image *img,
                                 const uint8_t *full_mask)
 {
-    ms_run_options o = {.attention = MS_ATTN_MITA, .gh = pt->gh, .gw = pt->gw, .topk = pt->k};
+    ms_run_options o = {.attention = MS_ATTN_MITA, .gh = pt->gh, .gw = pt->gw, .topk = pt->k,
+                        .tta_flip = pt->tta_flip};
     /* twice: the first run at a new budget also sizes and allocates its
      * activation plan, which is not the time of a run */
     MS_TRY(engine_run(e, scratch, img, &o));

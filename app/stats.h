@@ -39,6 +39,7 @@ typedef struct {
 typedef struct {
     char label[16];             /* "k/4", "k", "grid-1", ... */
     int gh, gw, k;              /* asked budget (the engine clamps it) */
+    bool tta_flip;              /* run with --tta flip (like the full reference) */
     bool done;                  /* agreement and ms are set */
     double agreement;           /* fraction of pixels with full attention's class */
     double ms;                  /* forward-pass time */

@@ -289,10 +289,12 @@ rm -f "$M1"
 [ "$(cksum <"$IMG")" = "$IMG_SUM" ] || fail "the input image changed"
 quit_viewer "first run"
 # 5. no image on the command line: the start screen, then a file dropped on
-#    the window (through SDL's drop event) is opened and can be saved.
+#    the window (through SDL's drop event) is opened and can be saved; the
+#    engine option --tta flip reaches the viewer's runs.
 cp "$IMG" "$TMP/imgs/dropped.png"
-start_viewer MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" --
+start_viewer MITASEG_VIEW_TEST_DROP="$TMP/imgs/dropped.png" -- --tta flip
 wait_log '^ready' 120 >/dev/null
+grep -Eq '^ready .* tta flip$' "$TMP/log" || fail "view --tta flip: the run was not a flip-TTA run"
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
 [ -n "$WIN" ] || fail "no mitaseg window appeared for the drop test"
 xdotool mousemove --window "$WIN" 20 20

@@ -18,6 +18,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import convert  # noqa: E402
 import mitaseg_ref as R  # noqa: E402
 
 
@@ -42,12 +43,17 @@ def main():
     ap.add_argument("--dtype", default="F16", choices=["F16", "F32", "BF16"])
     ap.add_argument("--log", default=None, help="log.txt of the run (default: next to the checkpoint)")
     ap.add_argument("--provenance", default=None)
+    ap.add_argument("--raw", action="store_true",
+                    help="last.pt of an EMA run: export the raw weights, not the EMA ones")
     args = ap.parse_args()
 
-    ck = torch.load(args.checkpoint, map_location="cpu")
+    ck = convert.load_checkpoint(args.checkpoint)   # weights_only=False (PyTorch >= 2.6 default)
     cfg = R.complete_config(ck["model_config"])
     model = R.MitaSeg(cfg)
-    model.load_state_dict(ck["model"])
+    # last.pt of a run with weight EMA holds both; the EMA weights are the
+    # ones validated (best.pt holds only those, as "model")
+    use_ema = ck.get("ema") is not None and not args.raw
+    model.load_state_dict(ck["ema"] if use_ema else ck["model"])
     model.eval()
 
     prov = args.provenance
@@ -60,12 +66,23 @@ def main():
             lv = last_val(log)
             score = ("val mIoU %.2f, aAcc %.2f (epoch %d)" % (lv[1], lv[2], lv[0])) if lv else "not validated"
         att = cfg["backbone"]["attention"]
-        prov = ("Trained from scratch (no pretraining) on CamVid 11-class train split (367 images) "
-                "with tools/train.py (%s), %s epochs, MiTA attention %dx%d landmarks k=%d during "
-                "training; %s on CamVid val (101 images) at 360x480; exported with tools/export.py "
-                "(%s weights)." % (os.path.basename(ck.get("config_path", "?")), epoch,
-                                    att["landmarks"][0], att["landmarks"][1], att["topk"], score,
-                                    args.dtype))
+        data = ck.get("data")
+        if data:
+            data = "CamVid 11-class %s" % data
+            where = "(at the model's working size)"
+        else:
+            data = "CamVid 11-class train split (367 images)"
+            where = "on CamVid val (101 images) at 360x480"
+        init = ck.get("init")
+        start = ("Started from %s (no other pretraining), trained" % os.path.basename(init) if init
+                 else "Trained from scratch (no pretraining)")
+        prov = ("%s on %s with tools/train.py (%s), %s epochs, "
+                "MiTA attention %dx%d landmarks k=%d during training%s; %s %s; exported with "
+                "tools/export.py (%s weights)." % (
+                    start, data, os.path.basename(ck.get("config_path", "?")), epoch,
+                    att["landmarks"][0], att["landmarks"][1], att["topk"],
+                    ", weight EMA" if use_ema or ck.get("train_config", {}).get("ema") else "",
+                    score, where, args.dtype))
     R.save_model(model, args.output, dtype=args.dtype, provenance=prov)
     size = os.path.getsize(args.output)
     print("wrote %s (%.1f MB, %s): %s" % (args.output, size / 1e6, args.dtype, prov))

@@ -402,6 +402,30 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     safetensors_io.save(os.path.join(out_dir, name + ".golden.safetensors"), g, meta)
     print("  %-16s seed %d grid %s lm %s k %s gaps: boundary %s order %s route %s mask %s" % (
         name, seed, meta["grid"], lm or "-", tk or "-", fmt(tb), fmt(to), fmt(rg), fmt(mask_gap)))
+    if name in TTA_CASES:
+        write_tta_golden(model, img, name, out_dir)
+
+
+# Flip TTA goldens (<case>.tta.golden.safetensors): pad_resize's odd size,
+# resize and right/bottom padding make the mirror pass see other pixels at
+# the border than the unflipped one.
+TTA_CASES = ("pad_resize",)
+
+
+def write_tta_golden(model, img, name, out_dir):
+    """image, logits (K,H,W) and mask of segment(tta="flip") in float64, and of
+    the mirror image (flip-equivariance is checked here: exactly, in float64)."""
+    with torch.no_grad():
+        mask, logits = R.segment(model, img, tta="flip")
+        mask_m, logits_m = R.segment(model, np.ascontiguousarray(img[:, ::-1]), tta="flip")
+    assert torch.allclose(logits_m, logits.flip(-1), rtol=0, atol=1e-12)
+    top2 = torch.topk(logits, 2, dim=0).values
+    f32 = lambda t: t.detach().to(torch.float32).contiguous()
+    g = {"image": torch.as_tensor(img), "logits": f32(logits), "mask": mask.to(torch.uint8)}
+    meta = {"case": name, "tta": "flip", "model": name + ".model.safetensors",
+            "mask_gap": "%.6g" % (top2[0] - top2[1]).min().item()}
+    safetensors_io.save(os.path.join(out_dir, name + ".tta.golden.safetensors"), g, meta)
+    print("  %-16s flip TTA golden, mask gap %s" % (name, meta["mask_gap"]))
 
 
 def main():

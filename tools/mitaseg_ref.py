@@ -238,7 +238,8 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None, ncls=0):
     a = R * (s * s_sh)                                            # (B, h, N, M)
     p = torch.softmax(torch.cat([a, b], dim=-1), dim=-1)
     p_sh, p_rt = p[..., :M], p[..., M:]
-    dense = torch.zeros_like(QK).scatter(-1, idx_n, p_rt)         # idx_n unique per row
+    # (p_rt's dtype: under CUDA autocast softmax is float32 next to bf16 QK)
+    dense = torch.zeros_like(QK, dtype=p_rt.dtype).scatter(-1, idx_n, p_rt)  # idx_n unique per row
     out = p_sh @ Sv + dense @ v
 
     if record is not None:
@@ -655,22 +656,36 @@ def slide_logits(model, x, slide, attn=None):
     return preds / count
 
 
-def segment(model, img, attn=None, stages=None, whole=False):
+def segment(model, img, attn=None, stages=None, whole=False, tta=None):
     """Whole pipeline for one uint8 (H,W,3) image. Returns (mask (H,W), logits (K,H,W)).
     A model with input.slide runs sliding windows (unless whole=True; stages
-    then holds only image, logits and mask)."""
+    then holds only image, logits and mask).
+
+    tta="flip": the logits are the mean of the image's and of its mirror
+    image's (mirrored back); the mask is their argmax; `stages` holds the
+    unflipped pass (its MiTA record) and the averaged logits and mask."""
     dtype = next(model.parameters()).dtype
     H, W = np.asarray(img).shape[:2]
     slide = model.cfg["input"].get("slide")
-    if slide and not whole:
-        x, _ = normalise(img, model.cfg, dtype)
-        logits = resize(slide_logits(model, x, slide, attn), (H, W))
-        mask = first_argmax(logits, dim=1).to(torch.uint8)
-    else:
-        x, rsize = preprocess(img, model.cfg, dtype)
-        head = model(x, attn=attn, stages=stages)
-        logits, mask = postprocess(head, x.shape[-2:], rsize, (H, W),
-                                   model.cfg["input"].get("padded_logits", "crop"))
+
+    def run(image, st):
+        """(network input, logits (1,K,H,W)) of one image."""
+        if slide and not whole:
+            x, _ = normalise(image, model.cfg, dtype)
+            return x, resize(slide_logits(model, x, slide, attn), (H, W))
+        x, rsize = preprocess(image, model.cfg, dtype)
+        head = model(x, attn=attn, stages=st)
+        logits, _ = postprocess(head, x.shape[-2:], rsize, (H, W),
+                                model.cfg["input"].get("padded_logits", "crop"))
+        return x, logits
+
+    x, logits = run(img, stages)
+    if tta == "flip":
+        _, mirrored = run(np.ascontiguousarray(np.asarray(img)[:, ::-1]), None)
+        logits = 0.5 * (logits + mirrored.flip(-1))
+    elif tta is not None:
+        raise ValueError("tta must be None or 'flip'")
+    mask = first_argmax(logits, dim=1).to(torch.uint8)
     if stages is not None:
         stages["image"] = torch.as_tensor(np.asarray(img))
         if not slide or whole:

@@ -3,18 +3,28 @@
 
   /usr/bin/python3 tools/train.py --config tools/configs/camvid-mita.json \
       --out /work/runs/camvid-mita --epochs 60 [--resume]
+  /usr/bin/python3 tools/train.py --config tools/configs/camvid-mita-xseq.json \
+      --out /work/runs/xseq --holdout 0006R0 --time-budget 600
 
 The config file has two parts: "model" (the model-format.md config, stored in
-the exported model file) and "train" (data and optimisation settings).
+the exported model file) and "train" (data and optimisation settings; every
+knob's default is the first default model's recipe, see tools/README.md).
 
-Every epoch writes OUT/last.pt atomically (model, optimiser, scheduler,
-epoch, RNG states) and appends one line to OUT/log.txt; every --val-every
-epochs it evaluates on the val list at the model's working size (logits
-resized to the label size) and keeps OUT/best.pt (best val mIoU).
---resume continues from OUT/last.pt exactly where it stopped.
+Every epoch writes OUT/last.pt atomically (model, EMA weights, optimiser,
+scheduler, epoch, RNG states) and appends one line to OUT/log.txt; every
+--val-every epochs it evaluates on the val list (or the held-out sequence) at
+the model's working size (logits resized to the label size) and keeps
+OUT/best.pt (best val mIoU; the EMA weights when EMA is on). --resume
+continues from OUT/last.pt where it stopped.
+
+--time-budget S stops after S seconds (counted from the start of this
+process) at a step boundary, with the cosine schedule re-planned from the
+measured step time to end there; last.pt then holds the final weights.
 """
 
 import argparse
+import contextlib
+import copy
 import json
 import math
 import os
@@ -30,20 +40,28 @@ from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mitaseg_ref as R  # noqa: E402
+import make_splits  # noqa: E402
+
 
 
 # ---------------------------------------------------------------- data
 
-def read_list(list_path):
-    """`image label` lines, paths relative to the list file's folder."""
-    root = os.path.dirname(os.path.abspath(list_path))
-    pairs = []
-    with open(list_path) as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) >= 2:
-                pairs.append((os.path.join(root, parts[0]), os.path.join(root, parts[1])))
-    return pairs
+def data_pairs(root, tcfg, holdout=None):
+    """(train pairs, val pairs, description). holdout = a sequence name: the
+    leave-one-sequence-out fold over train_list + val_list (make_splits.py).
+    train_list may be a list of list files: their union is trained on."""
+    tl, vl = tcfg["train_list"], tcfg["val_list"]
+    if holdout:
+        if isinstance(tl, list):
+            raise ValueError("holdout: train_list must be one list file")
+        train, val = make_splits.fold(make_splits.pool_pairs(root, [tl, vl]), holdout)
+        desc = "%s + %s minus sequence %s (%d frames); validated on %s (%d frames, a sequence never " \
+               "trained on)" % (tl, vl, holdout, len(train), holdout, len(val))
+        return train, val, desc
+    # a list of lists trains on all of them (the final model: train + val)
+    tls = tl if isinstance(tl, list) else [tl]
+    train, val = make_splits.pool_pairs(root, tls), make_splits.read_list(os.path.join(root, vl))
+    return train, val, "%s (%d frames); validated on %s (%d frames)" % (" + ".join(tls), len(train), vl, len(val))
 
 
 def decode_all(pairs):
@@ -55,28 +73,63 @@ def decode_all(pairs):
     return imgs, labels
 
 
+GRAY_W = (0.299, 0.587, 0.114)
+# RGB <-> YIQ (NTSC): hue is a rotation of the (I, Q) chroma plane
+_YIQ = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+_YIQ_INV = torch.linalg.inv(_YIQ)
+
+
+def hue_rotate(img, turns):
+    """Rotates the hue of a float (3,H,W) image by `turns` of a full circle (YIQ)."""
+    a = 2 * math.pi * turns
+    rot = torch.tensor([[1.0, 0.0, 0.0], [0.0, math.cos(a), -math.sin(a)], [0.0, math.sin(a), math.cos(a)]])
+    m = _YIQ_INV @ rot @ _YIQ
+    return torch.einsum("ij,jhw->ihw", m, img)
+
+
+def gaussian_blur(img, sigma):
+    """Separable Gaussian blur of a float (3,H,W) image (reflect padding)."""
+    r = max(1, int(math.ceil(2 * sigma)))
+    t = torch.arange(-r, r + 1, dtype=img.dtype)
+    k = torch.exp(-0.5 * (t / sigma) ** 2)
+    k = k / k.sum()
+    x = img.unsqueeze(0)
+    x = F.conv2d(F.pad(x, (r, r, 0, 0), mode="reflect"), k.view(1, 1, 1, -1).repeat(3, 1, 1, 1), groups=3)
+    x = F.conv2d(F.pad(x, (0, 0, r, r), mode="reflect"), k.view(1, 1, -1, 1).repeat(3, 1, 1, 1), groups=3)
+    return x[0]
+
+
 def photometric(img, pm, rng):
-    """Brightness/contrast/saturation jitter on a float (3,H,W) image in [0,255]."""
-    gray_w = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
-    for kind in rng.sample(["brightness", "contrast", "saturation"], 3):
+    """Jitter of a float (3,H,W) image in [0,255], each kind with probability 1/2,
+    in random order: brightness/contrast/saturation (factor 1 +- amount), gamma
+    (exponent 1 +- amount), hue (rotation of +- amount turns)."""
+    gray_w = torch.tensor(GRAY_W).view(3, 1, 1)
+    kinds = ["brightness", "contrast", "saturation"] + [k for k in ("gamma", "hue") if pm.get(k, 0.0) > 0]
+    for kind in rng.sample(kinds, len(kinds)):
         amt = pm.get(kind, 0.0)
         if amt <= 0 or rng.random() < 0.5:
             continue
-        f = rng.uniform(1 - amt, 1 + amt)
-        if kind == "brightness":
-            img = img * f
-        elif kind == "contrast":
-            m = (img * gray_w).sum(0).mean()
-            img = (img - m) * f + m
+        if kind == "hue":
+            img = hue_rotate(img, rng.uniform(-amt, amt))
         else:
-            g = (img * gray_w).sum(0, keepdim=True)
-            img = (img - g) * f + g
+            f = rng.uniform(1 - amt, 1 + amt)
+            if kind == "brightness":
+                img = img * f
+            elif kind == "contrast":
+                m = (img * gray_w).sum(0).mean()
+                img = (img - m) * f + m
+            elif kind == "saturation":
+                g = (img * gray_w).sum(0, keepdim=True)
+                img = (img - g) * f + g
+            else:
+                img = 255.0 * (img / 255.0).clamp(min=0) ** f
         img = img.clamp(0, 255)
     return img
 
 
 def augment(img, lab, tcfg, mcfg, rng):
-    """Random scale, random crop (pad: 0 after normalising / ignore), hflip, jitter.
+    """Random scale (a factor of base_size), random crop (pad: 0 after
+    normalising / ignore), hflip, photometric jitter, optional blur.
     Returns normalised float (3,ch,cw) and int64 label (ch,cw)."""
     ignore = mcfg["ignore_index"] if mcfg["ignore_index"] is not None else 255
     bh, bw = tcfg["base_size"]
@@ -94,6 +147,9 @@ def augment(img, lab, tcfg, mcfg, rng):
     if rng.random() < 0.5:
         x, y = x.flip(-1), y.flip(-1)
     x = photometric(x, tcfg.get("photometric", {}), rng)
+    blur = tcfg.get("blur")
+    if blur and rng.random() < blur.get("prob", 0.0):
+        x = gaussian_blur(x, rng.uniform(*blur.get("sigma", [0.5, 1.5])))
     mean = torch.tensor(mcfg["input"]["mean"]).view(3, 1, 1)
     std = torch.tensor(mcfg["input"]["std"]).view(3, 1, 1)
     x = (x - mean) / std
@@ -102,6 +158,160 @@ def augment(img, lab, tcfg, mcfg, rng):
         x = F.pad(x, (0, pw, 0, ph), value=0.0)
         y = F.pad(y, (0, pw, 0, ph), value=ignore)
     return x, y
+
+
+class TrainSet(torch.utils.data.Dataset):
+    """Augmented samples keyed by (image index, seed): each sample draws from
+    its own random.Random(seed), so the batches do not depend on how many
+    DataLoader workers make them, and a resumed run draws the same."""
+
+    def __init__(self, imgs, labels, tcfg, mcfg):
+        self.imgs, self.labels, self.tcfg, self.mcfg = imgs, labels, tcfg, mcfg
+
+    def __len__(self):
+        return len(self.imgs)
+
+    def __getitem__(self, key):
+        j, seed = key
+        return augment(self.imgs[j], self.labels[j], self.tcfg, self.mcfg, random.Random(seed))
+
+
+class KeySampler(torch.utils.data.Sampler):
+    """Yields the current epoch's keys (set by the training loop before each
+    epoch); iterated in the main process, so persistent workers see new keys."""
+
+    def __init__(self):
+        self.keys = []
+
+    def __iter__(self):
+        return iter(list(self.keys))
+
+    def __len__(self):
+        return len(self.keys)
+
+
+def epoch_keys(rng, n, steps, bs):
+    """(index, seed) for each sample of one epoch: a shuffled order, drop-last batches."""
+    order = list(range(n))
+    rng.shuffle(order)
+    return [(j, rng.getrandbits(63)) for j in order[:steps * bs]]
+
+
+# ---------------------------------------------------------------- loss
+
+def class_pixel_stats(labels, K):
+    """(pixels of each class, pixels of the images where each class appears)."""
+    count = torch.zeros(K, dtype=torch.float64)
+    present = torch.zeros(K, dtype=torch.float64)
+    for lab in labels:
+        h = torch.bincount(lab.flatten().long(), minlength=256)[:K].double()
+        count += h
+        present += (h > 0).double() * lab.numel()
+    return count, present
+
+
+def class_weights(tcfg, labels, K):
+    """Loss weight per class, or None. "class_weighting" (a type or {"type", "clip"}):
+      median_freq       median(f)/f_c, f_c = pixels of c / pixels of images with c (SegNet)
+      median_freq_clip  the same, clipped to clip = [lo, hi] (default [0.5, 3])
+      sqrt_inv_freq     1/sqrt(share of c), scaled so the pixel-weighted mean is 1;
+                        clipped when clip is given
+      none              no weights
+    Without "class_weighting": the fixed list "class_weights" (the first default
+    model's median-frequency weights), or none. Computed on the training split's
+    labels; classes with no pixels get weight 0 (they never occur in the loss)."""
+    spec = tcfg.get("class_weighting")
+    if spec is None:
+        cw = tcfg.get("class_weights")
+        return torch.tensor(cw, dtype=torch.float32) if cw else None
+    if isinstance(spec, str):
+        spec = {"type": spec}
+    kind = spec["type"]
+    if kind == "none":
+        return None
+    count, present = class_pixel_stats(labels, K)
+    seen = count > 0
+    w = torch.zeros(K, dtype=torch.float64)
+    clip = spec.get("clip")
+    if kind in ("median_freq", "median_freq_clip"):
+        f = count[seen] / present[seen]
+        w[seen] = f.median() / f
+        if kind == "median_freq_clip":
+            clip = clip or [0.5, 3.0]
+    elif kind == "sqrt_inv_freq":
+        share = count[seen] / count.sum()
+        w[seen] = share.rsqrt()
+        w[seen] /= (share * w[seen]).sum()
+    else:
+        raise ValueError("class_weighting type must be median_freq, median_freq_clip, sqrt_inv_freq or none")
+    if clip:
+        w[seen] = w[seen].clamp(clip[0], clip[1])
+    return w.float()
+
+
+def lovasz_grad(gt_sorted):
+    """Gradient of the Lovász extension of the Jaccard loss for errors sorted
+    in descending order (Berman et al. 2018, Alg. 1). gt_sorted (P,) 0/1."""
+    gts = gt_sorted.sum()
+    inter = gts - gt_sorted.cumsum(0)
+    union = gts + (1 - gt_sorted).cumsum(0)
+    jac = 1.0 - inter / union
+    jac[1:] = jac[1:] - jac[:-1]
+    return jac
+
+
+def lovasz_softmax(probs, labels, ignore):
+    """Lovász-softmax loss: mean over the classes present in labels of the
+    Lovász extension of 1 - IoU. probs (B,K,H,W) softmax, labels (B,H,W)."""
+    K = probs.shape[1]
+    p = probs.permute(0, 2, 3, 1).reshape(-1, K)
+    y = labels.reshape(-1)
+    keep = (y != ignore) & (y < K)
+    p, y = p[keep], y[keep]
+    losses = []
+    for c in range(K):
+        fg = (y == c).float()
+        if fg.sum() == 0:
+            continue
+        err = (fg - p[:, c]).abs()
+        err_sorted, perm = torch.sort(err, descending=True)
+        losses.append(torch.dot(err_sorted, lovasz_grad(fg[perm])))
+    return torch.stack(losses).mean() if losses else probs.sum() * 0.0
+
+
+class SegLoss(nn.Module):
+    """Cross-entropy (class weights, ignore) with optional OHEM, plus an
+    optional Lovász-softmax term.
+
+    ohem {"thresh", "min_kept"}: only the pixels whose probability of the true
+    class is below thresh, but at least the min_kept hardest (mmseg's
+    OHEMPixelSampler); the kept pixels' weighted mean."""
+
+    def __init__(self, weight, ignore, ohem=None, lovasz_weight=0.0):
+        super().__init__()
+        self.register_buffer("weight", weight if weight is not None else None)
+        self.ignore, self.ohem, self.lovasz_weight = ignore, ohem, lovasz_weight
+
+    def forward(self, logits, y):
+        if not self.ohem:
+            loss = F.cross_entropy(logits, y, weight=self.weight, ignore_index=self.ignore)
+        else:
+            per = F.cross_entropy(logits, y, weight=None, ignore_index=self.ignore, reduction="none")
+            valid = y != self.ignore
+            with torch.no_grad():
+                prob = torch.exp(-per)                  # softmax probability of the true class
+                p = prob[valid]
+                thresh = self.ohem.get("thresh", 0.7)
+                min_kept = min(int(self.ohem.get("min_kept", 100000)), p.numel())
+                if min_kept > 0:
+                    thresh = max(thresh, p.kthvalue(min_kept).values.item())
+                kept = valid & (prob <= thresh)
+            w = self.weight[y.clamp(0, logits.shape[1] - 1)] if self.weight is not None else torch.ones_like(per)
+            w = w * kept
+            loss = (per * w).sum() / w.sum().clamp(min=1e-12)
+        if self.lovasz_weight:
+            loss = loss + self.lovasz_weight * lovasz_softmax(torch.softmax(logits, 1), y, self.ignore)
+        return loss
 
 
 # ---------------------------------------------------------------- model
@@ -119,6 +329,29 @@ class AuxHead(nn.Module):
         return self.conv_seg(self.dropout(self.conv(x)))
 
 
+class ModelEMA:
+    """Exponential moving average of a model's parameters and buffers; the
+    decay ramps up as min(decay, (1 + n) / (10 + n)) over the first updates
+    so that a short run's average is not dominated by the random init."""
+
+    def __init__(self, model, decay):
+        self.module = copy.deepcopy(model).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        self.decay, self.updates = decay, 0
+
+    @torch.no_grad()
+    def update(self, model):
+        self.updates += 1
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        src = model.state_dict()
+        for k, v in self.module.state_dict().items():
+            if v.dtype.is_floating_point:
+                v.mul_(d).add_(src[k].detach(), alpha=1 - d)
+            else:
+                v.copy_(src[k])
+
+
 def param_groups(modules, wd):
     decay, no_decay = [], []
     for m in modules:
@@ -129,20 +362,99 @@ def param_groups(modules, wd):
     return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def lr_lambda_factory(warmup, total, min_ratio):
-    def f(step):
-        if step < warmup:
-            return 1e-3 + (1 - 1e-3) * step / max(1, warmup)
-        t = min(1.0, (step - warmup) / max(1, total - warmup))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
-    return f
+class WarmupCosine:
+    """LR factor: linear warm-up, then cosine to min_ratio at step `total`.
+    An object (not a closure) so LambdaLR's state_dict keeps `total`, which a
+    time budget re-plans during the run."""
+
+    def __init__(self, warmup, total, min_ratio):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, step):
+        if step < self.warmup:
+            return 1e-3 + (1 - 1e-3) * step / max(1, self.warmup)
+        t = min(1.0, (step - self.warmup) / max(1, self.total - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+
+
+class BudgetPlan:
+    """Plans how many steps fit in a wall-clock budget.
+
+    plan(now, step, sec_per_step, reserve) -> total steps: the steps done plus
+    as many as fit in what is left after `reserve` seconds (the final
+    validation and checkpoint), at least one more."""
+
+    def __init__(self, budget, t_start, max_steps):
+        self.budget, self.t_start, self.max_steps = budget, t_start, max_steps
+
+    def plan(self, now, step, sec_per_step, reserve):
+        left = self.budget - (now - self.t_start) - reserve
+        more = int(left / max(sec_per_step, 1e-9))
+        return max(step + 1, min(self.max_steps, step + more))
+
+    def over(self, now, reserve):
+        return now - self.t_start + reserve >= self.budget
+
+
+# ---------------------------------------------------------------- device
+
+def pick_device(pref="auto"):
+    """'auto': CUDA when PyTorch sees a GPU, else the CPU."""
+    if pref == "auto":
+        pref = "cuda" if torch.cuda.is_available() else "cpu"
+    if pref == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train.py: --device cuda but PyTorch sees no GPU")
+    return torch.device(pref)
+
+
+def precision_plan(device, tcfg, amp=None):
+    """{"amp_dtype": torch.bfloat16 or None, "channels_last": bool}.
+    amp ("auto", "bf16", "off"; the config's "amp" when None): auto = bf16 on
+    CUDA (no loss scaling needed, unlike fp16), off on the CPU. Channels-last
+    convolutions on CUDA (cuDNN's fast layout for the stem/neck/head convs)."""
+    amp = amp or tcfg.get("amp", "auto")
+    if amp not in ("auto", "bf16", "off"):
+        raise ValueError("amp must be auto, bf16 or off")
+    bf16 = amp == "bf16" or (amp == "auto" and device.type == "cuda")
+    cl = tcfg.get("channels_last", "auto")
+    return {"amp_dtype": torch.bfloat16 if bf16 else None,
+            "channels_last": cl is True or (cl == "auto" and device.type == "cuda")}
+
+
+def autocast(device, plan):
+    if plan["amp_dtype"] is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=plan["amp_dtype"])
+
+
+def place(modules, device, plan):
+    for m in modules:
+        m.to(device)
+        if plan["channels_last"]:
+            m.to(memory_format=torch.channels_last)
+
+
+def to_input(x, device, plan):
+    x = x.to(device, non_blocking=True)
+    return x.contiguous(memory_format=torch.channels_last) if plan["channels_last"] else x
+
+
+def loader_workers(tcfg, device):
+    """DataLoader workers: the config's "workers", or "auto" = 0 on the CPU
+    (augmenting in the training process; the CPU machine is shared) and up to
+    8 on CUDA."""
+    w = tcfg.get("workers", "auto")
+    if w == "auto":
+        return 0 if device.type == "cpu" else max(1, min(8, (os.cpu_count() or 2) - 1))
+    return int(w)
 
 
 # ---------------------------------------------------------------- eval
 
 @torch.no_grad()
-def evaluate(model, imgs, labels, mcfg, device, batch, use_amp):
+def evaluate(model, imgs, labels, mcfg, device, batch, plan=None):
     """mIoU / aAcc over the classes, logits at the working size resized to label size."""
+    plan = plan or {"amp_dtype": None, "channels_last": False}
     model.eval()
     K = len(mcfg["classes"])
     ignore = mcfg["ignore_index"]
@@ -158,8 +470,8 @@ def evaluate(model, imgs, labels, mcfg, device, batch, use_amp):
         for j in group:
             x, rsize = R.preprocess(imgs[j].permute(1, 2, 0).numpy(), mcfg)
             xs.append(x)
-        x = torch.cat(xs).to(device)
-        with torch.autocast(device_type="cuda", enabled=use_amp):
+        x = to_input(torch.cat(xs), device, plan)
+        with autocast(device, plan):
             head = model(x)
         H, W = labels[group[0]].shape
         logits, _ = R.postprocess(head.float(), x.shape[-2:], rsize, (H, W))
@@ -194,15 +506,28 @@ def log_line(out_dir, text):
         f.write(text + "\n")
 
 
-def main():
+def main(argv=None):
+    t_start = time.time()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--epochs", type=int, default=60,
+                    help="epochs of the schedule (with --time-budget: the most)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     ap.add_argument("--val-every", type=int, default=None)
     ap.add_argument("--max-steps", type=int, default=0, help="stop each epoch after N steps (timing tests)")
     ap.add_argument("--no-val", action="store_true")
+    ap.add_argument("--data-root", default=None,
+                    help="data folder (default: the config's data_root), e.g. a tools/pack_data.py pack")
+    ap.add_argument("--holdout", default=None,
+                    help="leave-one-sequence-out fold: train on train_list + val_list minus sequence SEQ, "
+                         "validate on SEQ (default: the config's 'holdout'; 'none': the plain lists)")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="stop after SECONDS (from process start), the cosine planned to end there")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--amp", default=None, choices=["auto", "bf16", "off"],
+                    help="mixed precision (default: the config's 'amp', else auto = bf16 on CUDA)")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: the config's)")
     ap.add_argument("--init-model", default=None,
                     help="start from a mitaseg model file (e.g. the shipped default model) with the "
                          "same architecture: continues training without a checkpoint; ignored with --resume")
@@ -210,28 +535,36 @@ def main():
                     help="start the backbone from a `convert.py timm` file (ignored with --resume); "
                          "its position embedding is resampled to pos_grid as timm would "
                          "(bicubic with antialias)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     full_cfg = json.load(open(args.config))
     mcfg = R.complete_config(full_cfg["model"])
     tcfg = full_cfg["train"]
     val_every = args.val_every or tcfg.get("val_every", 3)
     os.makedirs(args.out, exist_ok=True)
-    torch.set_num_threads(tcfg.get("threads", 2))
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    use_amp = device.type == "cuda"
+    torch.set_num_threads(args.threads or tcfg.get("threads", 2))
+    device = pick_device(args.device)
+    plan = precision_plan(device, tcfg, args.amp)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
     seed = tcfg.get("seed", 0)
     rng = random.Random(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
 
-    root = tcfg["data_root"]
+    root = args.data_root or tcfg["data_root"]
+    holdout = args.holdout if args.holdout is not None else tcfg.get("holdout")
+    holdout = None if holdout in (None, "", "none") else holdout
     t0 = time.time()
-    train_imgs, train_labels = decode_all(read_list(os.path.join(root, tcfg["train_list"])))
-    val_imgs, val_labels = decode_all(read_list(os.path.join(root, tcfg["val_list"])))
-    print("decoded %d train + %d val images in %.1fs" % (len(train_imgs), len(val_imgs), time.time() - t0),
-          flush=True)
+    train_pairs, val_pairs, data_desc = data_pairs(root, tcfg, holdout)
+    train_imgs, train_labels = decode_all(train_pairs)
+    val_imgs, val_labels = decode_all(val_pairs)
+    print("decoded %d train + %d val images in %.1fs (%s; device %s, amp %s, channels-last %s)"
+          % (len(train_imgs), len(val_imgs), time.time() - t0, data_desc, device,
+             plan["amp_dtype"], plan["channels_last"]), flush=True)
 
     model = R.MitaSeg(mcfg)
     # timm-like init: truncated normal for linear layers and pos_embed
@@ -255,8 +588,8 @@ def main():
                  % (args.init_backbone, len(loaded), " ".join(skipped) or "none"))
     K = len(mcfg["classes"])
     aux = AuxHead(mcfg["backbone"]["embed_dim"], tcfg.get("aux_channels", 64), K)
-    model.to(device)
-    aux.to(device)
+    place([model, aux], device, plan)
+    ema = ModelEMA(model, tcfg["ema"]) if tcfg.get("ema") else None
 
     bs = tcfg["batch_size"]
     steps_per_epoch = len(train_imgs) // bs
@@ -265,99 +598,169 @@ def main():
     total = args.epochs * steps_per_epoch
     opt = torch.optim.AdamW(param_groups([model, aux], tcfg["weight_decay"]), lr=tcfg["lr"],
                             betas=(0.9, 0.999))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lr_lambda_factory(tcfg.get("warmup_steps", 100), total, tcfg.get("min_lr_ratio", 0.01)))
-    scaler = torch.cuda.amp.GradScaler(enabled=use_amp)
+    sched_fn = WarmupCosine(tcfg.get("warmup_steps", 100), total, tcfg.get("min_lr_ratio", 0.01))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, sched_fn)
+    # bf16 needs no loss scaling; the (disabled) scaler keeps checkpoints' layout
+    scaler = torch.cuda.amp.GradScaler(enabled=False)
 
     ignore = mcfg["ignore_index"] if mcfg["ignore_index"] is not None else 255
-    cw = tcfg.get("class_weights")
-    weight = torch.tensor(cw, dtype=torch.float32, device=device) if cw else None
-    criterion = nn.CrossEntropyLoss(weight=weight, ignore_index=ignore)
+    weight = class_weights(tcfg, train_labels, K)
+    criterion = SegLoss(weight, ignore, tcfg.get("ohem"), tcfg.get("lovasz_weight", 0.0)).to(device)
     aux_w = tcfg.get("aux_weight", 0.4)
     aux_tap = tcfg.get("aux_tap", 2)
 
-    start_epoch, best = 0, -1.0
+    start_epoch, best, step = 0, -1.0, 0
+    init_from = None if args.resume else (args.init_model or args.init_backbone)
     last_path = os.path.join(args.out, "last.pt")
     if args.resume:
-        ck = torch.load(last_path, map_location="cpu")
+        import convert
+        ck = convert.load_checkpoint(last_path)   # weights_only=False: RNG states are pickles
         model.load_state_dict(ck["model"])
         aux.load_state_dict(ck["aux"])
         opt.load_state_dict(ck["optimizer"])
         sched.load_state_dict(ck["scheduler"])
-        scaler.load_state_dict(ck["scaler"])
+        sched_fn = sched.lr_lambdas[0]
+        sched_fn.total = total      # --epochs may extend the schedule; a budget re-plans it
+        if ema is not None and ck.get("ema") is not None:
+            ema.module.load_state_dict(ck["ema"])
+            ema.updates = ck.get("ema_updates", 0)
+        elif ema is not None:     # a run without EMA so far: average from its weights
+            ema = ModelEMA(model, tcfg["ema"])
         start_epoch, best = ck["epoch"], ck.get("best_miou", -1.0)
+        init_from = ck.get("init")
+        step = ck.get("step", start_epoch * steps_per_epoch)
         rng.setstate(ck["rng"]["python"])
         np.random.set_state(ck["rng"]["numpy"])
         torch.set_rng_state(ck["rng"]["torch"])
-        if use_amp and ck["rng"].get("cuda") is not None:
+        if device.type == "cuda" and ck["rng"].get("cuda") is not None:
             torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
         print("resumed from %s at epoch %d (best mIoU %.2f)" % (last_path, start_epoch, best), flush=True)
     else:
         log_line(args.out, "# config %s: %s" % (args.config, json.dumps(tcfg)))
+        log_line(args.out, "# data %s: %s" % (root, data_desc))
+        if weight is not None:
+            log_line(args.out, "# class weights %s" % " ".join("%.3f" % v for v in weight.tolist()))
 
+    budget = BudgetPlan(args.time_budget, t_start, total) if args.time_budget else None
+    eval_model = ema.module if ema is not None else model
+    dataset = TrainSet(train_imgs, train_labels, tcfg, mcfg)
+    workers = loader_workers(tcfg, device)
+    # one loader for the run (workers persist across epochs); the sampler
+    # hands it each epoch's keys
+    sampler = KeySampler()
+    loader = torch.utils.data.DataLoader(dataset, batch_size=bs, sampler=sampler, num_workers=workers,
+                                         pin_memory=device.type == "cuda", drop_last=True,
+                                         persistent_workers=workers > 0)
+    sec_val = 0.0          # measured cost of one validation (budget reserve)
+
+    def val_guess(sec_step):
+        """Before the first validation: forward-only (~1/3 of a step) over the
+        val images at the base size."""
+        if args.no_val or sec_step is None:
+            return 0.0
+        bh, bw = tcfg["base_size"]
+        ch, cw = tcfg["crop"]
+        return sec_step / 3 * len(val_imgs) / bs * (bh * bw) / (ch * cw)
+    sec_step = None
+    t_first = step_first = first_cost = None
+    stop = False
     for epoch in range(start_epoch, args.epochs):
         model.train()
         aux.train()
         t_ep = time.time()
-        order = list(range(len(train_imgs)))
-        rng.shuffle(order)
-        sum_loss = sum_aux = 0.0
-        for step in range(steps_per_epoch):
-            batch = [augment(train_imgs[j], train_labels[j], tcfg, mcfg, rng)
-                     for j in order[step * bs:(step + 1) * bs]]
-            x = torch.stack([b[0] for b in batch]).to(device)
-            y = torch.stack([b[1] for b in batch]).to(device)
-            with torch.autocast(device_type="cuda", enabled=use_amp):
+        sampler.keys = epoch_keys(rng, len(train_imgs), steps_per_epoch, bs)
+        # losses summed on the device: no host sync per step (checked once per epoch)
+        sum_loss = torch.zeros((), device=device)
+        sum_aux = torch.zeros((), device=device)
+        n_steps = 0
+        for x, y in loader:
+            x, y = to_input(x, device, plan), y.to(device, non_blocking=True)
+            with autocast(device, plan):
                 stages = {}
                 head = model(x, stages=stages)
                 aux_logits = aux(stages["taps.%d" % aux_tap])
-                head = F.interpolate(head.float(), size=y.shape[-2:], mode="bilinear", align_corners=False)
-                aux_logits = F.interpolate(aux_logits.float(), size=y.shape[-2:], mode="bilinear",
-                                           align_corners=False)
-                loss_main = criterion(head, y)
-                loss_aux = criterion(aux_logits, y)
-                loss = loss_main + aux_w * loss_aux
+            head = F.interpolate(head.float(), size=y.shape[-2:], mode="bilinear", align_corners=False)
+            aux_logits = F.interpolate(aux_logits.float(), size=y.shape[-2:], mode="bilinear",
+                                       align_corners=False)
+            loss_main = criterion(head, y)
+            loss_aux = criterion(aux_logits, y)
+            loss = loss_main + aux_w * loss_aux
             opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
+            loss.backward()
             if tcfg.get("grad_clip"):
-                scaler.unscale_(opt)
                 torch.nn.utils.clip_grad_norm_(list(model.parameters()) + list(aux.parameters()),
                                                tcfg["grad_clip"])
-            scaler.step(opt)
-            scaler.update()
+            opt.step()
             sched.step()
-            sum_loss += loss_main.item()
-            sum_aux += loss_aux.item()
-            if not math.isfinite(loss.item()):
-                log_line(args.out, "non-finite loss at epoch %d step %d; stopping" % (epoch + 1, step))
-                return 1
+            if ema is not None:
+                ema.update(model)
+            step += 1
+            n_steps += 1
+            sum_loss += loss_main.detach()
+            sum_aux += loss_aux.detach()
+            if budget is not None:
+                now = time.time()
+                # wall seconds per step since this process's first step (which
+                # allocates and autotunes): validations and checkpoints included
+                if t_first is None:
+                    t_first, step_first, first_cost = now, step, now - t_ep
+                elif step > step_first:
+                    sec_step = (now - t_first) / (step - step_first)
+                reserve = (1.5 * (sec_val or val_guess(sec_step or first_cost)) + min(5.0, 0.1 * args.time_budget)
+                           + 0.02 * args.time_budget)
+                if sec_step is not None and (step - step_first in (2, 10) or n_steps == steps_per_epoch):
+                    sched_fn.total = budget.plan(now, step, sec_step, reserve)
+                # stop at the plan's end, or when one more step would cross the budget
+                if step >= sched_fn.total or budget.over(now, reserve + (sec_step or first_cost)):
+                    stop = True
+                    break
+        sum_loss, sum_aux = sum_loss.item(), sum_aux.item()
+        if not (math.isfinite(sum_loss) and math.isfinite(sum_aux)):
+            log_line(args.out, "non-finite loss in epoch %d; stopping (last.pt is the epoch before)" % (epoch + 1))
+            return 1
         secs = time.time() - t_ep
-        n = max(1, steps_per_epoch)
-        line = "epoch %d/%d loss %.4f aux %.4f lr %.3e time %.0fs" % (
-            epoch + 1, args.epochs, sum_loss / n, sum_aux / n, opt.param_groups[0]["lr"], secs)
+        n = max(1, n_steps)
         done = epoch + 1
+        line = "epoch %d/%d loss %.4f aux %.4f lr %.3e time %.0fs" % (
+            done, args.epochs, sum_loss / n, sum_aux / n, opt.param_groups[0]["lr"], secs)
+        if budget is not None:
+            line += " step %d/%d (budget %.0fs, %.0fs used)" % (step, sched_fn.total, args.time_budget,
+                                                               time.time() - t_start)
         miou = None
-        if not args.no_val and (done % val_every == 0 or done == args.epochs):
+        want_val = not args.no_val and (done % val_every == 0 or done == args.epochs or stop)
+        if want_val and stop and budget.over(time.time(), sec_val or val_guess(sec_step or first_cost)):
+            # a budget too short for the model on this device (a CPU rehearsal)
+            line += " (final validation skipped: it would not fit in the time budget)"
+            want_val = False
+        if want_val:
             tv = time.time()
-            miou, aacc, ious = evaluate(model, val_imgs, val_labels, mcfg, device,
-                                        tcfg.get("val_batch", 4), use_amp)
+            miou, aacc, ious = evaluate(eval_model, val_imgs, val_labels, mcfg, device,
+                                        tcfg.get("val_batch", 4), plan)
+            sec_val = time.time() - tv
             if miou > best:
                 best = miou
-                atomic_save({"model": model.state_dict(), "model_config": mcfg, "epoch": done,
+                atomic_save({"model": eval_model.state_dict(), "model_config": mcfg, "epoch": done,
                              "val_miou": miou, "val_aacc": aacc, "val_ious": ious,
-                             "config_path": args.config},
+                             "config_path": args.config, "data": data_desc, "train_config": tcfg,
+                             "init": init_from},
                             os.path.join(args.out, "best.pt"))
             line += " val mIoU %.2f aAcc %.2f (best %.2f, val %.0fs) ious %s" % (
-                miou, aacc, best, time.time() - tv, " ".join("%.1f" % v for v in ious))
+                miou, aacc, best, sec_val, " ".join("%.1f" % v for v in ious))
         atomic_save({
             "model": model.state_dict(), "aux": aux.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(), "scaler": scaler.state_dict(), "epoch": done,
+            "scheduler": sched.state_dict(), "scaler": scaler.state_dict(), "epoch": done, "step": step,
+            "ema": ema.module.state_dict() if ema is not None else None,
+            "ema_updates": ema.updates if ema is not None else 0,
             "best_miou": best, "model_config": mcfg, "train_config": tcfg, "config_path": args.config,
+            "data": data_desc, "init": init_from,
             "rng": {"python": rng.getstate(), "numpy": np.random.get_state(),
                     "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if use_amp else None},
+                    "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None},
         }, last_path)
         log_line(args.out, line)
+        if stop:
+            log_line(args.out, "# time budget: stopped after %d steps, %.0fs" % (step, time.time() - t_start))
+            break
     return 0
 
 

@@ -260,6 +260,27 @@ class TestPrePost(unittest.TestCase):
         self.assertEqual(tuple(mask.shape), (70, 100))
         self.assertEqual(tuple(logits.shape), (3, 70, 100))
 
+    def test_segment_tta_flip(self):
+        """tta="flip": the mean of the image's logits and the mirror image's
+        mirrored back; the mask their argmax; stages keep the unflipped pass."""
+        torch.manual_seed(0)
+        model = R.MitaSeg(tiny_config()).double().eval()
+        img = np.random.default_rng(1).integers(0, 256, (70, 100, 3), dtype=np.uint8)
+        with torch.no_grad():
+            _, plain = R.segment(model, img)
+            _, mirrored = R.segment(model, np.ascontiguousarray(img[:, ::-1]))
+            st = {}
+            mask, tta = R.segment(model, img, stages=st, tta="flip")
+            _, tta_m = R.segment(model, np.ascontiguousarray(img[:, ::-1]), tta="flip")
+        torch.testing.assert_close(tta, 0.5 * (plain + mirrored.flip(-1)), rtol=0, atol=1e-12)
+        torch.testing.assert_close(tta_m, tta.flip(-1), rtol=0, atol=1e-12)   # flip-equivariant
+        self.assertTrue(torch.equal(mask.long(), tta.argmax(0)))
+        self.assertGreater((tta - plain).abs().max().item(), 1e-3)            # not a no-op
+        self.assertTrue(torch.equal(st["logits"][0], tta))
+        self.assertIn("layers.0.route", st)
+        with self.assertRaises(ValueError):
+            R.segment(model, img, tta="rot90")
+
 
 # ---------------------------------------------------------------- model file
 

@@ -1,0 +1,414 @@
+"""The recipe knobs of tools/train.py, each on its own small input, plus the
+leave-one-sequence-out folds of tools/make_splits.py.
+
+Expected values are computed here from the definitions (hand formulas, naive
+loops), not by calling the code under test a second way."""
+
+import json
+import math
+import os
+import random
+import tempfile
+import unittest
+from unittest import mock
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from tools.tests import TOOLS_DIR  # noqa: F401  (puts tools/ on sys.path)
+import make_splits
+import train as T
+import mitaseg_ref as R
+
+
+def write_camvid_like(root, names_by_list, size=(8, 12)):
+    """Tiny PNG images/labels under root/{img,lab}/ and the list files."""
+    os.makedirs(os.path.join(root, "img"), exist_ok=True)
+    os.makedirs(os.path.join(root, "lab"), exist_ok=True)
+    for lst, names in names_by_list.items():
+        with open(os.path.join(root, lst), "w") as f:
+            for n in names:
+                Image.fromarray(np.zeros(size + (3,), np.uint8)).save(os.path.join(root, "img", n))
+                Image.fromarray(np.zeros(size, np.uint8)).save(os.path.join(root, "lab", n))
+                f.write("img/%s lab/%s\n" % (n, n))
+
+
+class TestSplits(unittest.TestCase):
+    NAMES = {"train.txt": ["0001TP_1.png", "0006R0_1.png", "0006R0_2.png", "0016E5_1.png"],
+             "val.txt": ["0016E5_9.png", "0016E5_8.png"]}
+
+    def test_fold_holds_out_one_sequence(self):
+        with tempfile.TemporaryDirectory() as root:
+            write_camvid_like(root, self.NAMES)
+            pool = make_splits.pool_pairs(root)
+            self.assertEqual(len(pool), 6)
+            train, val = make_splits.fold(pool, "0006R0")
+            self.assertEqual(sorted(os.path.basename(p[0]) for p in val), ["0006R0_1.png", "0006R0_2.png"])
+            self.assertEqual(len(train), 4)
+            self.assertFalse({p[0] for p in train} & {p[0] for p in val})
+            # val frames of the training lists join the pool (train + val minus the held-out sequence)
+            self.assertIn("0016E5_9.png", [os.path.basename(p[0]) for p in train])
+            with self.assertRaises(ValueError) as cm:
+                make_splits.fold(pool, "Seq05VD")
+            self.assertIn("0001TP 0006R0 0016E5", str(cm.exception))
+
+    def test_cli_lists_resolve_and_train_agrees(self):
+        with tempfile.TemporaryDirectory() as root:
+            write_camvid_like(os.path.join(root, "data"), self.NAMES)
+            out = os.path.join(root, "splits")
+            self.assertEqual(make_splits.main([os.path.join(root, "data"), out]), 0)
+            self.assertEqual(sorted(os.listdir(out)), ["xseq-0001TP", "xseq-0006R0", "xseq-0016E5"])
+            lst = os.path.join(out, "xseq-0016E5", "val.txt")
+            pairs = make_splits.read_list(lst)
+            self.assertEqual(len(pairs), 3)
+            for img, lab in pairs:       # relative paths resolve from the list's folder
+                self.assertTrue(os.path.exists(img) and os.path.exists(lab), img)
+            tr, va, desc = T.data_pairs(os.path.join(root, "data"), {"train_list": "train.txt",
+                                                                     "val_list": "val.txt"}, "0016E5")
+            self.assertEqual([os.path.realpath(p[0]) for p in va], [os.path.realpath(p[0]) for p in pairs])
+            self.assertIn("0016E5", desc)
+            self.assertEqual(make_splits.main([os.path.join(root, "data"), out, "--holdout", "nope"]), 1)
+            # the final model's data: train_list naming both lists, no holdout
+            tr, va, desc = T.data_pairs(os.path.join(root, "data"), {"train_list": ["train.txt", "val.txt"],
+                                                                     "val_list": "val.txt"}, None)
+            self.assertEqual((len(tr), len(va)), (6, 2))
+            self.assertIn("train.txt + val.txt (6 frames)", desc)
+
+
+class TestClassWeights(unittest.TestCase):
+    K = 3
+
+    def labels(self):
+        # image 0: 6 px class 0, 2 px class 1 ; image 1: 4 px class 0, 3 px class 2, 1 px ignore (255)
+        a = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1]], dtype=torch.uint8)
+        b = torch.tensor([[0, 0, 0, 0], [2, 2, 2, 255]], dtype=torch.uint8)
+        return [a, b]
+
+    def test_fixed_list_and_none(self):
+        self.assertIsNone(T.class_weights({}, self.labels(), self.K))
+        w = T.class_weights({"class_weights": [1, 2, 3]}, self.labels(), self.K)
+        self.assertEqual(w.tolist(), [1.0, 2.0, 3.0])
+        self.assertIsNone(T.class_weights({"class_weighting": "none", "class_weights": [1, 2, 3]},
+                                          self.labels(), self.K))
+
+    def test_median_freq(self):
+        # f_c = pixels of c / pixels of images containing c: 10/16, 2/8, 3/8
+        f = [10 / 16, 2 / 8, 3 / 8]
+        med = sorted(f)[1]
+        w = T.class_weights({"class_weighting": "median_freq"}, self.labels(), self.K)
+        np.testing.assert_allclose(w.numpy(), [med / x for x in f], rtol=1e-6)
+        wc = T.class_weights({"class_weighting": {"type": "median_freq_clip", "clip": [0.7, 1.2]}},
+                             self.labels(), self.K)
+        np.testing.assert_allclose(wc.numpy(), [0.7, 1.2, 1.0], rtol=1e-6)   # 0.6, 1.5, 1.0 clipped
+
+    def test_sqrt_inv_freq(self):
+        share = np.array([10, 2, 3]) / 15
+        want = 1 / np.sqrt(share)
+        want /= (share * want).sum()           # pixel-weighted mean 1
+        w = T.class_weights({"class_weighting": "sqrt_inv_freq"}, self.labels(), self.K)
+        np.testing.assert_allclose(w.numpy(), want, rtol=1e-6)
+        self.assertAlmostEqual(float((torch.tensor(share) * w.double()).sum()), 1.0, places=6)
+
+    def test_absent_class_gets_zero(self):
+        w = T.class_weights({"class_weighting": "median_freq"}, self.labels(), 4)
+        self.assertEqual(w[3].item(), 0.0)
+        self.assertTrue(torch.isfinite(w).all())
+        with self.assertRaises(ValueError):
+            T.class_weights({"class_weighting": "inverse"}, self.labels(), 3)
+
+
+class TestLoss(unittest.TestCase):
+    def setUp(self):
+        g = torch.Generator().manual_seed(0)
+        self.logits = torch.randn(2, 4, 5, 6, generator=g)
+        self.y = torch.randint(0, 4, (2, 5, 6), generator=g)
+        self.y[0, 0, :] = 255
+        self.w = torch.tensor([0.5, 1.0, 2.0, 1.5])
+
+    def test_plain_is_weighted_ce(self):
+        got = T.SegLoss(self.w, 255)(self.logits, self.y)
+        want = F.cross_entropy(self.logits, self.y, weight=self.w, ignore_index=255)
+        self.assertAlmostEqual(got.item(), want.item(), places=6)
+
+    def test_ohem_keeps_hard_pixels(self):
+        # naive: per-pixel CE, probability of the true class, keep p <= max(thresh, p_(min_kept))
+        logp = torch.log_softmax(self.logits, 1)
+        valid = self.y != 255
+        yy = self.y.clamp(max=3)
+        per = -logp.gather(1, yy.unsqueeze(1))[:, 0]
+        p = per.neg().exp()
+        for thresh, min_kept in ((0.3, 5), (0.3, 40), (1.0, 1)):
+            pv = sorted(p[valid].tolist())
+            t = max(thresh, pv[min_kept - 1])
+            kept = valid & (p <= t)
+            w = self.w[yy] * kept
+            want = (per * w).sum() / w.sum()
+            got = T.SegLoss(self.w, 255, ohem={"thresh": thresh, "min_kept": min_kept})(self.logits, self.y)
+            self.assertAlmostEqual(got.item(), want.item(), places=5, msg=(thresh, min_kept))
+            self.assertGreaterEqual(int(kept.sum()), min_kept)
+        # keeping every pixel = the weighted cross-entropy
+        all_kept = T.SegLoss(self.w, 255, ohem={"thresh": 1.0, "min_kept": 0})(self.logits, self.y)
+        want = F.cross_entropy(self.logits, self.y, weight=self.w, ignore_index=255)
+        self.assertAlmostEqual(all_kept.item(), want.item(), places=5)
+
+    def test_lovasz_at_hard_predictions_is_one_minus_iou(self):
+        # the Lovász extension equals the Jaccard loss at 0/1 points
+        K = 4
+        pred = torch.randint(0, K, self.y.shape, generator=torch.Generator().manual_seed(3))
+        probs = F.one_hot(pred, K).permute(0, 3, 1, 2).float()
+        valid = self.y != 255
+        losses = []
+        for c in range(K):
+            gt, pr = (self.y == c) & valid, (pred == c) & valid
+            if gt.sum() == 0:
+                continue
+            losses.append(1 - (gt & pr).sum().item() / (gt | pr).sum().item())
+        got = T.lovasz_softmax(probs, self.y, 255)
+        self.assertAlmostEqual(got.item(), float(np.mean(losses)), places=6)
+        perfect = F.one_hot(self.y.clamp(max=3), K).permute(0, 3, 1, 2).float()
+        self.assertAlmostEqual(T.lovasz_softmax(perfect, self.y, 255).item(), 0.0, places=7)
+
+    def test_lovasz_term_adds_and_has_gradient(self):
+        x = self.logits.clone().requires_grad_(True)
+        base = T.SegLoss(None, 255)(x, self.y)
+        both = T.SegLoss(None, 255, lovasz_weight=0.5)(x, self.y)
+        lov = T.lovasz_softmax(torch.softmax(x, 1), self.y, 255)
+        self.assertAlmostEqual(both.item(), base.item() + 0.5 * lov.item(), places=5)
+        both.backward()
+        self.assertTrue(torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0)
+
+
+class TestPhotometric(unittest.TestCase):
+    def img(self):
+        return torch.rand(3, 9, 11, generator=torch.Generator().manual_seed(1)) * 255
+
+    def test_hue(self):
+        x = self.img()
+        torch.testing.assert_close(T.hue_rotate(x, 0.0), x, atol=1e-3, rtol=0)
+        torch.testing.assert_close(T.hue_rotate(x, 1.0), x, atol=1e-3, rtol=0)
+        torch.testing.assert_close(T.hue_rotate(T.hue_rotate(x, 0.2), -0.2), x, atol=1e-3, rtol=0)
+        gray = torch.full((3, 4, 4), 100.0)
+        torch.testing.assert_close(T.hue_rotate(gray, 0.3), gray, atol=1e-3, rtol=0)   # no chroma to turn
+        # luma (Y) is kept, the colour changes
+        y = lambda t: (torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1) * t).sum(0)
+        r = T.hue_rotate(x, 0.25)
+        torch.testing.assert_close(y(r), y(x), atol=1e-3, rtol=0)
+        self.assertGreater((r - x).abs().max().item(), 10)
+
+    def test_gamma_and_only_enabled_kinds(self):
+        x = self.img()
+        got = None
+        for seed in range(20):   # find a draw that applied gamma (each kind has probability 1/2)
+            rng = random.Random(seed)
+            out = T.photometric(x, {"gamma": 0.5}, rng)
+            if not torch.equal(out, x):
+                got = out
+                break
+        self.assertIsNotNone(got)
+        # a gamma curve keeps 0 and 255 and the pixel order
+        rng = random.Random(seed)
+        ends = T.photometric(torch.tensor([0.0, 255.0, 10.0, 200.0]).view(1, 1, 4).expand(3, 1, 4), {"gamma": 0.5}, rng)
+        self.assertAlmostEqual(ends[0, 0, 0].item(), 0.0, places=4)
+        self.assertAlmostEqual(ends[0, 0, 1].item(), 255.0, places=3)
+        self.assertLess(ends[0, 0, 2].item(), ends[0, 0, 3].item())
+        # nothing enabled: the image is unchanged whatever the draws
+        for seed in range(5):
+            self.assertTrue(torch.equal(T.photometric(x, {}, random.Random(seed)), x))
+
+    def test_blur(self):
+        const = torch.full((3, 10, 12), 77.0)
+        torch.testing.assert_close(T.gaussian_blur(const, 1.3), const)
+        x = self.img()
+        b = T.gaussian_blur(x, 1.0)
+        self.assertEqual(b.shape, x.shape)
+        self.assertLess(b.std().item(), 0.7 * x.std().item())
+        # interior pixel against a naive 2-D Gaussian (radius ceil(2 sigma) = 2)
+        t = torch.arange(-2, 3, dtype=torch.float32)
+        k1 = torch.exp(-0.5 * t ** 2)
+        k2 = torch.outer(k1, k1) / k1.sum() ** 2
+        want = (x[:, 2:7, 3:8] * k2).sum((1, 2))
+        torch.testing.assert_close(b[:, 4, 5], want, atol=1e-3, rtol=1e-5)
+
+
+class TestAugmentAndSamples(unittest.TestCase):
+    MCFG = R.complete_config({
+        "backbone": {"patch_size": 16, "embed_dim": 32, "depth": 4, "num_heads": 2, "pos_grid": [4, 6],
+                     "out_indices": [0, 1, 2, 3]},
+        "neck": {"type": "mln", "out_channels": 16},
+        "decoder": {"type": "uperhead", "channels": 16, "pool_scales": [1, 2, 3, 6]},
+        "classes": ["a", "b", "c"], "palette": [[0, 0, 0], [1, 1, 1], [2, 2, 2]], "ignore_index": 255,
+        "input": {"short_side": None, "pad_multiple": 16}})
+
+    def data(self):
+        g = torch.Generator().manual_seed(0)
+        img = (torch.rand(3, 36, 48, generator=g) * 255).to(torch.uint8)
+        lab = torch.randint(0, 3, (36, 48), generator=g).to(torch.uint8)
+        return img, lab
+
+    def test_full_crop_scale_range(self):
+        img, lab = self.data()
+        tcfg = {"base_size": [36, 48], "scale_range": [0.5, 2.0], "crop": [36, 48],
+                "photometric": {"gamma": 0.3, "hue": 0.05}, "blur": {"prob": 1.0, "sigma": [0.5, 1.0]}}
+        for seed in range(8):
+            x, y = T.augment(img, lab, tcfg, self.MCFG, random.Random(seed))
+            self.assertEqual(tuple(x.shape), (3, 36, 48))
+            self.assertEqual(tuple(y.shape), (36, 48))
+            self.assertTrue(set(y.unique().tolist()) <= {0, 1, 2, 255})
+            self.assertTrue(torch.isfinite(x).all())
+        # scale 1 everywhere, no jitter: the crop is the image (maybe mirrored), normalised
+        x, y = T.augment(img, lab, dict(tcfg, scale_range=[1.0, 1.0], photometric={}, blur=None),
+                         self.MCFG, random.Random(0))
+        mean = torch.tensor(self.MCFG["input"]["mean"]).view(3, 1, 1)
+        std = torch.tensor(self.MCFG["input"]["std"]).view(3, 1, 1)
+        ref = (img.float() - mean) / std
+        self.assertTrue(torch.allclose(x, ref, atol=1e-5) or torch.allclose(x, ref.flip(-1), atol=1e-5))
+
+    def test_samples_do_not_depend_on_workers(self):
+        img, lab = self.data()
+        tcfg = {"base_size": [36, 48], "scale_range": [0.5, 2.0], "crop": [24, 32],
+                "photometric": {"brightness": 0.3, "hue": 0.1}}
+        ds = T.TrainSet([img, img], [lab, lab], tcfg, self.MCFG)
+        rng = random.Random(5)
+        epochs = [T.epoch_keys(rng, 2, 1, 2) for _ in range(2)]
+        self.assertEqual(len(epochs[0]), 2)
+        # the run's loader: one DataLoader, persistent workers, new keys each epoch
+        sampler = T.KeySampler()
+        loader = torch.utils.data.DataLoader(ds, batch_size=2, sampler=sampler, num_workers=2,
+                                             persistent_workers=True, drop_last=True)
+        for keys in epochs:
+            sampler.keys = keys
+            a = list(torch.utils.data.DataLoader(ds, batch_size=2, sampler=keys, num_workers=0))
+            b = list(loader)
+            self.assertEqual(len(b), 1)
+            self.assertTrue(torch.equal(a[0][0], b[0][0]) and torch.equal(a[0][1], b[0][1]))
+        # another seed, another sample; another epoch, other samples
+        other = ds[(keys[0][0], keys[0][1] + 1)]
+        self.assertFalse(torch.equal(other[0], a[0][0][0]))
+        self.assertFalse(torch.equal(ds[epochs[0][0]][0], ds[epochs[1][0]][0]))
+
+
+class TestEmaScheduleBudget(unittest.TestCase):
+    def test_ema(self):
+        m = torch.nn.Linear(2, 1)
+        with torch.no_grad():
+            m.weight.fill_(0.0)
+        ema = T.ModelEMA(m, 0.9)
+        want = 0.0
+        for n in range(1, 30):
+            with torch.no_grad():
+                m.weight.fill_(float(n))
+            ema.update(m)
+            d = min(0.9, (1 + n) / (10 + n))
+            want = d * want + (1 - d) * n
+            self.assertAlmostEqual(ema.module.weight[0, 0].item(), want, places=4)
+        self.assertFalse(ema.module.weight.requires_grad)
+
+    def test_warmup_cosine(self):
+        f = T.WarmupCosine(10, 110, 0.01)
+        self.assertAlmostEqual(f(0), 1e-3)
+        self.assertAlmostEqual(f(10), 1.0)
+        self.assertAlmostEqual(f(60), 0.01 + 0.99 * 0.5)
+        self.assertAlmostEqual(f(110), 0.01)
+        self.assertAlmostEqual(f(500), 0.01)
+        f.total = 210                            # a re-plan moves the end
+        self.assertAlmostEqual(f(110), 0.01 + 0.99 * 0.5)
+
+    def test_budget_plan(self):
+        b = T.BudgetPlan(100.0, 1000.0, 10_000)
+        # at t=20 s, step 10, 0.5 s/step, 10 s reserve: (100 - 20 - 10)/0.5 = 140 more steps
+        self.assertEqual(b.plan(1020.0, 10, 0.5, 10.0), 150)
+        self.assertEqual(T.BudgetPlan(100.0, 1000.0, 60).plan(1020.0, 10, 0.5, 10.0), 60)  # --epochs caps
+        self.assertEqual(b.plan(1095.0, 10, 0.5, 10.0), 11)    # over budget: one more step at least
+        self.assertFalse(b.over(1080.0, 10.0))
+        self.assertTrue(b.over(1091.0, 10.0))
+
+
+class TestDevicePlan(unittest.TestCase):
+    """The CUDA path's choices, made by functions that take the device: the
+    CUDA plan is checked without a GPU, and bf16 autocast + channels-last run
+    a real training step on the CPU."""
+
+    def test_plans(self):
+        cuda, cpu = torch.device("cuda"), torch.device("cpu")
+        self.assertEqual(T.precision_plan(cuda, {}), {"amp_dtype": torch.bfloat16, "channels_last": True})
+        self.assertEqual(T.precision_plan(cpu, {}), {"amp_dtype": None, "channels_last": False})
+        self.assertEqual(T.precision_plan(cuda, {"amp": "off"})["amp_dtype"], None)
+        self.assertEqual(T.precision_plan(cpu, {}, "bf16")["amp_dtype"], torch.bfloat16)
+        self.assertTrue(T.precision_plan(cpu, {"channels_last": True})["channels_last"])
+        with self.assertRaises(ValueError):
+            T.precision_plan(cpu, {"amp": "fp8"})
+        self.assertEqual(T.loader_workers({}, cpu), 0)
+        self.assertGreaterEqual(T.loader_workers({}, cuda), 1)
+        self.assertLessEqual(T.loader_workers({}, cuda), 8)
+        self.assertEqual(T.loader_workers({"workers": 3}, cpu), 3)
+        self.assertEqual(T.pick_device("cpu"), cpu)
+        if not torch.cuda.is_available():
+            self.assertEqual(T.pick_device("auto"), cpu)
+            with self.assertRaises(SystemExit):
+                T.pick_device("cuda")
+
+    def test_bf16_channels_last_step_on_cpu(self):
+        torch.manual_seed(0)
+        cpu = torch.device("cpu")
+        plan = T.precision_plan(cpu, {"channels_last": True}, "bf16")
+        model = R.MitaSeg(TestAugmentAndSamples.MCFG)
+        aux = T.AuxHead(32, 8, 3)
+        T.place([model, aux], cpu, plan)
+        self.assertTrue(model.backbone.blocks[0].attn.qkv.weight.dtype == torch.float32)
+        x = T.to_input(torch.randn(2, 3, 32, 48), cpu, plan)
+        self.assertTrue(x.is_contiguous(memory_format=torch.channels_last))
+        y = torch.randint(0, 3, (2, 32, 48))
+        with T.autocast(cpu, plan):
+            st = {}
+            head = model(x, stages=st)
+            auxl = aux(st["taps.1"])
+        self.assertEqual(head.dtype, torch.bfloat16)       # autocast really ran in bf16
+        head = F.interpolate(head.float(), size=(32, 48), mode="bilinear", align_corners=False)
+        loss = T.SegLoss(None, 255)(head, y) + 0.4 * T.SegLoss(None, 255)(
+            F.interpolate(auxl.float(), size=(32, 48), mode="bilinear", align_corners=False), y)
+        loss.backward()
+        self.assertTrue(math.isfinite(loss.item()))
+        g = model.backbone.blocks[0].attn.qkv.weight.grad
+        self.assertTrue(g is not None and torch.isfinite(g).all() and g.abs().sum() > 0)
+        # CUDA's autocast runs softmax in float32 (CPU's does not): the step
+        # must also run when softmax hands float32 probabilities to bf16 code
+        orig = torch.softmax
+        with mock.patch("torch.softmax", lambda x, dim, **kw: orig(x.float(), dim)), T.autocast(cpu, plan):
+            st = {}
+            head = model(x, stages=st)
+        self.assertEqual(head.dtype, torch.bfloat16)
+        F.cross_entropy(head.float(), y[:, ::4, ::4]).backward()   # head at 1/4 size
+        miou, aacc, _ = T.evaluate(model, [torch.zeros(3, 32, 48, dtype=torch.uint8)],
+                                   [torch.zeros(32, 48, dtype=torch.uint8)], model.cfg, cpu, 1, plan)
+        self.assertTrue(0 <= miou <= 100 and 0 <= aacc <= 100)
+
+
+if __name__ == "__main__":
+    unittest.main()
+
+
+class TestResumeWithEma(unittest.TestCase):
+    """--resume restores the EMA weights and their update count: 2 epochs +
+    resume to 3 gives bit for bit the EMA of 3 epochs in one go."""
+
+    def test_resume_ema(self):
+        from tools.tests.test_train import MODEL, TRAIN, make_dataset, run_tool
+        with tempfile.TemporaryDirectory() as root:
+            make_dataset(os.path.join(root, "data"), n_train=4, n_val=1)
+            config = os.path.join(root, "c.json")
+            with open(config, "w") as f:
+                json.dump({"model": MODEL, "train": dict(TRAIN, data_root=os.path.join(root, "data"),
+                                                         ema=0.9, photometric={"hue": 0.1, "gamma": 0.2})}, f)
+            a, b = os.path.join(root, "a"), os.path.join(root, "b")
+            run_tool("train.py", "--config", config, "--out", a, "--epochs", 3, "--no-val")
+            run_tool("train.py", "--config", config, "--out", b, "--epochs", 2, "--no-val")
+            run_tool("train.py", "--config", config, "--out", b, "--epochs", 3, "--no-val", "--resume")
+            ca, cb = torch.load(os.path.join(a, "last.pt")), torch.load(os.path.join(b, "last.pt"))
+            self.assertEqual(ca["ema_updates"], 6)
+            self.assertEqual(cb["ema_updates"], 6)
+            for k, v in ca["ema"].items():
+                self.assertTrue(torch.equal(v, cb["ema"][k]), k)
+            k0 = "backbone.blocks.0.attn.qkv.weight"
+            self.assertFalse(torch.equal(ca["ema"][k0], ca["model"][k0]))   # an average, not a copy
