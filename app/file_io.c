@@ -361,29 +361,6 @@ bool fio_is_temp_name(const char *name)
     return parse_temp_name(name, &h, &b, &pid);
 }
 
-/* The temporary names of mitaseg before 2026-11-30: OUTPUT.tmp-PID, OUTPUT
- * one of the files it writes (PNG, dump, JSON). A killed run of an older
- * version left them; they go once their process is gone. */
-static bool parse_legacy_temp_name(const char *name, long *pid)
-{
-    const char *t = strstr(name, ".tmp-");
-    if (!t || !t[5]) return false;
-    char *end;
-    errno = 0;
-    long p = strtol(t + 5, &end, 10);
-    if (*end || errno || p <= 0 || t[5] < '0' || t[5] > '9') return false;
-    static const char *const exts[] = {".png", ".safetensors", ".json", ".jsonl"};
-    size_t stem = (size_t)(t - name);
-    for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) {
-        size_t le = strlen(exts[i]);
-        if (stem > le && !memcmp(t - le, exts[i], le)) {
-            *pid = p;
-            return true;
-        }
-    }
-    return false;
-}
-
 int fio_remove_stale_temps(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -395,11 +372,6 @@ int fio_remove_stale_temps(const char *dir)
     while ((de = readdir(d)) != NULL) {
         uint32_t h, b;
         long pid;
-        if (parse_legacy_temp_name(de->d_name, &pid)) {
-            if (kill((pid_t)pid, 0) != 0 && errno == ESRCH && unlinkat(dirfd(d), de->d_name, 0) == 0)
-                removed++;
-            continue;
-        }
         if (!parse_temp_name(de->d_name, &h, &b, &pid) || h != me) continue;
         /* An earlier boot's: every process of it is gone, whatever its PID. */
         bool stale = b && my_boot && b != my_boot;
