@@ -21,9 +21,4 @@ export MITASEG_MODEL=$MODEL
 T=$(mktemp -d "/tmp/ms_$(basename "$0" .sh).XXXXXX")
 trap 'rm -rf "$T"' EXIT
 cd "$T" || exit 1
-fails=0
-pass=0
-ok() { pass=$((pass + 1)); echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL $*"; }
-# check NAME CMD...: CMD must succeed
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+. "$(dirname "$HELPER")/check_e2e.sh"

@@ -9,10 +9,7 @@ BIN=${MS_BIN:?MS_BIN must name the mitaseg binary}
 FIX=${MS_FIXTURES:-$(dirname "$0")/fixtures}
 T=$(mktemp -d /tmp/ms_e2e_doctor.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
-ok() { echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL $*"; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+. "$(dirname "$0")/check_e2e.sh"
 
 "$BIN" doctor >"$T/out" 2>"$T/err"
 rc=$?

@@ -16,10 +16,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && [ -n "$(nvidia-smi -L 2>/dev/null)" 
 fi
 T=$(mktemp -d /tmp/ms_e2e_gpu_run.XXXXXX)
 trap 'rm -rf "$T"' EXIT
-fails=0
-ok() { echo "ok   $*"; }
-bad() { fails=$((fails + 1)); echo "FAIL $*"; }
-check() { local name=$1; shift; if "$@"; then ok "$name"; else bad "$name"; fi; }
+. "$(dirname "$0")/check_e2e.sh"
 
 bash "$RUN" --phases bogus >"$T/u.out" 2>"$T/u.err"
 check "unknown phase: exit 2, one line" bash -c "test $? -eq 2 && test \$(wc -l < '$T/u.err') -eq 1"
