@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "selftest.h"
 #ifdef MS_HAVE_CUDA
+#include "kernels/cpu_path.h"
 #include "kernels/cuda_ctx.h"
 #endif
 
@@ -79,6 +80,11 @@ static void print_cpu(void)
     printf(" (not an x86 CPU: not listed)");
 #endif
     printf("\n");
+    ms_cpu_path path = cpu_path_get();
+    printf("cpu kernels: %s path%s\n", cpu_path_name(path),
+           path == MS_CPU_PATH_V3 ? " (x86-64-v3: AVX2, FMA)"
+                                  : (cpu_path_supported(MS_CPU_PATH_V3) ? " (forced by MS_CPU_PATH)"
+                                                                        : " (baseline x86-64)"));
     /* gemm_cpu makes OpenBLAS single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
     printf("openblas: %s; core %s\n", openblas_get_config(), openblas_get_corename());

@@ -12,6 +12,7 @@
 #include <cblas.h>
 
 #include "gemm.h"
+#include "vmath.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -51,11 +52,7 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
             float mx = row[argmax_first(row, nk, 1)];
             float m_new = mrun[i] > mx ? mrun[i] : mx;
             float corr = softmax_rescale(mrun[i], m_new);
-            float sum = 0.0f;
-            for (int j = 0; j < nk; j++) {
-                row[j] = expf(row[j] - m_new);
-                sum += row[j];
-            }
+            float sum = vm_exp_sum(row, nk, 1.0f, m_new);
             lrun[i] = lrun[i] * corr + sum;
             mrun[i] = m_new;
             float *oi = o + (size_t)i * c;

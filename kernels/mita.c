@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include "gemm.h"
+#include "vmath.h"
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -236,12 +237,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                     for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
                 }
                 float mx = row[argmax_first(row, n, 1)] * s;
-                float sum = 0.0f;
-                for (int j = 0; j < n; j++) {
-                    row[j] = expf(row[j] * s - mx);
-                    sum += row[j];
-                }
-                w.rowsum[mi] = sum;
+                w.rowsum[mi] = vm_exp_sum(row, n, s, mx);
             }
             /* shared summaries Sv = softmax_n(P s) V, my experts */
             if (m1 > m0) {

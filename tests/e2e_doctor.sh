@@ -16,6 +16,9 @@ rc=$?
 check "doctor: exit 0" test $rc -eq 0
 check "doctor: CPU line with threads" grep -Eq '^cpu: .*[0-9]+ threads used' "$T/out"
 check "doctor: CPU features line" grep -q '^cpu features:' "$T/out"
+check "doctor: CPU kernel path line" grep -Eq '^cpu kernels: (v3|base) path' "$T/out"
+MS_CPU_PATH=base "$BIN" doctor >"$T/out_base" 2>&1
+check "doctor: MS_CPU_PATH=base takes the baseline kernels" grep -q '^cpu kernels: base path' "$T/out_base"
 check "doctor: OpenBLAS build" grep -Eq '^openblas: OpenBLAS [0-9]' "$T/out"
 ops="linear layernorm add transpose softmax_rows attention_full mita conv2d conv_transpose2x2
 adaptive_avgpool maxpool2x2 resize_bilinear resize_bicubic crop argmax normalize_pad"

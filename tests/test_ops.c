@@ -12,6 +12,8 @@
 
 #include "kernels/attention_full.h"
 #include "kernels/conv.h"
+#include "kernels/cpu_path.h"
+#include "kernels/vmath.h"
 #include "kernels/elementwise.h"
 #include "kernels/layernorm.h"
 #include "kernels/linear.h"
@@ -242,6 +244,38 @@ START_TEST(test_slide_windows)
         }
     ck_assert_int_ne(op_window_add(&be, acc, acc, c, h, w, wh, ww, 5, 0, false), MS_OK); /* off the map */
     ms_free(acc); free(sum); free(cnt);
+}
+END_TEST
+
+/* Both builds of the vector math against scalar expf (FMA in the argument and
+ * libmvec's 1 ulp: within 1e-6 relative), at lengths that leave
+ * vector tails, with the sum; and the path switch itself. */
+START_TEST(test_vmath_paths)
+{
+    ms_cpu_path start = cpu_path_get();
+    const char *env = getenv("MS_CPU_PATH");
+    if (env && strcmp(env, "base") == 0) ck_assert_int_eq(start, MS_CPU_PATH_BASE);
+    ck_assert(cpu_path_supported(MS_CPU_PATH_BASE));
+    int n_paths = cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1;
+    if (n_paths == 1) ck_assert_int_eq(cpu_path_set(MS_CPU_PATH_V3), MS_ERR_UNSUPPORTED);
+    for (int pi = 0; pi < n_paths; pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        ck_assert_int_eq(cpu_path_get(), (ms_cpu_path)pi);
+        for (int n = 0; n <= 37; n += (n < 20 ? 1 : 17)) {
+            float x[64], y[64];
+            for (int i = 0; i < n; i++) x[i] = y[i] = (float)((i * 37) % 23) * 0.7f - 9.0f;
+            float sum = vm_exp_sum(x, n, 0.37f, 1.5f);
+            double ref_sum = 0;
+            for (int i = 0; i < n; i++) {
+                float e = expf(y[i] * 0.37f - 1.5f);
+                ref_sum += e;
+                ck_assert_msg(fabsf(x[i] - e) <= 1e-6f * e, "path %s n %d i %d: %g vs %g",
+                              cpu_path_name((ms_cpu_path)pi), n, i, x[i], e);
+            }
+            ck_assert(fabs(sum - ref_sum) <= 1e-6 * ref_sum + 1e-30);
+        }
+    }
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
 }
 END_TEST
 
@@ -1056,6 +1090,7 @@ int main(void)
     tcase_add_test(tc, test_linear);
     tcase_add_test(tc, test_layernorm);
     tcase_add_test(tc, test_add_transpose_crop);
+    tcase_add_test(tc, test_vmath_paths);
     tcase_add_test(tc, test_softmax_rows);
     tcase_add_test(tc, test_slide_windows);
     tcase_add_test(tc, test_argmax_normalize);
