@@ -1,25 +1,31 @@
 /* MiTA attention on the CPU (spec section 2). Per head: probe GEMM P = L K^T,
  * top-k per landmark with a k-sized heap, shared summaries Sv = softmax(P s) V
- * by GEMM, routing GEMM R = Q L^T. Then everything per query is GEMMs too:
- * the shared part exp(R s s_sh) Sv as one (N x M)(M x d) GEMM per thread;
- * the queries counting-sorted by routed expert, and each expert's k keys and
- * values gathered once into contiguous rows, so its queries' routed logits
- * (nq x k) and outputs (nq x d) are two small GEMMs. The shared and routed
- * partial softmaxes are merged by log-sum-exp per query. GEMMs accumulate in
- * float like PyTorch's, so the top-k sets agree with a float32 reference
- * except at (near-)ties; P and R are computed by the same calls and splits as
- * before the grouping, so routes and routed sets did not change with it. */
+ * by GEMM, routing GEMM R = Q L^T and routes. Then the queries are
+ * counting-sorted by routed expert; each expert's k keys and values are
+ * gathered once into contiguous rows, so that for a block of its queries the
+ * routed logits are one GEMM (nq x k), and the joint softmax's output one
+ * more: the weights [shared | routed] (nq x (M + k)), each partial softmax
+ * scaled by its log-sum-exp merge factor, times [Sv ; V_e] ((M + k) x d).
+ * GEMMs accumulate in float like PyTorch's, so the top-k sets agree with a
+ * float32 reference except at (near-)ties; P and R come from the same calls
+ * and splits as before the grouping, so routes and routed sets did not
+ * change with it. */
 #include "mita.h"
 
 #include <cblas.h>
 
 #include "gemm.h"
 #include "mita_cuda_math.h" /* mita_scan_groups */
+#include "mita_simd.h"
 #include "vmath.h"
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+/* Bins of the top-k prefilter: the top 11 bits of topk_key (sign, exponent,
+ * 2 mantissa bits), so a bin spans a quarter octave of scores. */
+#define MITA_TOPK_BITS 11
 
 /* Queries per routed GEMM block: the (QB, k) logit tile and (QB, d) output
  * stay in L2 next to the expert's keys and values. */
@@ -41,8 +47,6 @@ typedef struct {
     int32_t *idx;     /* (m, k) routed sets of the current head, best first */
     int32_t *route;   /* (n) expert of each query, current head */
     int32_t *order;   /* (n) queries sorted by expert (counting sort, stable) */
-    float *m_sh;      /* (n) shared partial softmax: max logit */
-    float *l_sh;      /* (n) and sum */
     int *counts;      /* (m) queries per expert */
     int *starts;      /* (m) first position of each expert's queries in order */
     int *fill;        /* (m + 1) scatter cursors, then mita_scan_groups' chunk starts */
@@ -56,12 +60,17 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
     return p;
 }
 
-/* Per thread: the expert's keys and values (k, d) each, a query block
- * (QB, d), its logits (QB, k) and routed outputs (QB, d); rounded up to
- * whole cache lines so that threads do not share one. */
-static size_t thread_floats(int k, int d)
+/* Per thread: the expert's keys (k, d), the summaries and its values
+ * (m + k, d), a query block (QB, d), its logits (QB, m + k) and outputs
+ * (QB, d); the top-k candidates' scores and positions (n each) and
+ * histogram; rounded up to whole cache lines so that threads share none. */
+static size_t routed_floats(int m, int k, int d)
 {
-    size_t f = 2 * (size_t)k * d + (size_t)MITA_QB * (2 * (size_t)d + (size_t)k);
+    return ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k);
+}
+static size_t thread_floats(int n, int m, int k, int d)
+{
+    size_t f = routed_floats(m, k, d) + 2 * (size_t)n + ((size_t)1 << MITA_TOPK_BITS);
     return (f + 15) & ~(size_t)15;
 }
 
@@ -79,12 +88,10 @@ static size_t mita_layout(mita_ws *w, void *base, int n, int c, int heads, int m
     w->idx = carve(b, &off, (size_t)m * k * sizeof(int32_t));
     w->route = carve(b, &off, (size_t)n * sizeof(int32_t));
     w->order = carve(b, &off, (size_t)n * sizeof(int32_t));
-    w->m_sh = carve(b, &off, (size_t)n * sizeof(float));
-    w->l_sh = carve(b, &off, (size_t)n * sizeof(float));
     w->counts = carve(b, &off, (size_t)m * sizeof(int));
     w->starts = carve(b, &off, (size_t)m * sizeof(int));
     w->fill = carve(b, &off, ((size_t)m + 1) * sizeof(int));
-    w->thread = carve(b, &off, (size_t)chunks * thread_floats(k, d) * sizeof(float));
+    w->thread = carve(b, &off, (size_t)chunks * thread_floats(n, m, k, d) * sizeof(float));
     return off;
 }
 
@@ -118,16 +125,18 @@ static void heap_sift_down(int32_t *heap /* (size) */, int size, int i,
 
 /* idx = the k best positions of score[0..n) in top-k order, best first.
  * O(n log k); scanning positions in increasing order with a strict "before"
- * keeps the lower position on ties. */
+ * keeps the lower position on ties. A later position beats the heap's worst
+ * only by a strictly higher score (it loses the tie), so the scan skips
+ * ahead to the next score above the worst's, a vector pass (mita_simd.c). */
 static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k)
 {
     for (int j = 0; j < k; j++) idx[j] = j;
     for (int i = k / 2 - 1; i >= 0; i--) heap_sift_down(idx, k, i, score);
     for (int j = k; j < n; j++) {
-        if (topk_before(score[j], j, score[idx[0]], idx[0])) {
-            idx[0] = j;
-            heap_sift_down(idx, k, 0, score);
-        }
+        j += mita_first_above(score + j, n - j, score[idx[0]]);
+        if (j >= n) break;
+        idx[0] = j;
+        heap_sift_down(idx, k, 0, score);
     }
     /* Heap sort: the worst goes to the back each time, so the best ends first. */
     for (int size = k - 1; size > 0; size--) {
@@ -136,6 +145,36 @@ static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n
         idx[size] = t;
         heap_sift_down(idx, size, 0, score);
     }
+}
+
+/* topk_row on the few scores that can be in the top k: a histogram of the
+ * top bits of the order-preserving keys (topk_key) finds the bin of the k-th
+ * best; every score in a lower bin is strictly lower than the k best, so the
+ * heap needs only the scores in that bin and above (in position order, so
+ * ties still go to the lower position). Without it the heap's inserts cost
+ * more than the probe GEMM at N = 1024. */
+static void topk_row_filtered(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+                              float *cand /* (n) */, int32_t *cand_pos /* (n) */,
+                              uint32_t *hist /* (2^MITA_TOPK_BITS) */)
+{
+    const int shift = 32 - MITA_TOPK_BITS, bins = 1 << MITA_TOPK_BITS;
+    if (n <= 4 * k) {
+        topk_row(idx, score, n, k);
+        return;
+    }
+    memset(hist, 0, (size_t)bins * sizeof *hist);
+    for (int i = 0; i < n; i++) hist[topk_key(score[i]) >> shift]++;
+    int bin = bins - 1;
+    for (uint32_t above = 0; bin > 0 && above + hist[bin] < (uint32_t)k; bin--) above += hist[bin];
+    uint32_t lo = (uint32_t)bin << shift;
+    int nc = 0;
+    for (int i = 0; i < n; i++)
+        if (topk_key(score[i]) >= lo) {
+            cand[nc] = score[i];
+            cand_pos[nc++] = i;
+        }
+    topk_row(idx, cand, nc, k);
+    for (int j = 0; j < k; j++) idx[j] = cand_pos[idx[j]];
 }
 
 /* L = adaptive average pool of q (all c channels) to (gh, gw); qkv: the grid
@@ -152,33 +191,22 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp
         float *l = land + (size_t)mi * c;
         for (int ch = 0; ch < c; ch++) l[ch] = 0.0f;
         for (int y = y0; y < y1; y++)
-            for (int x = x0; x < x1; x++) {
-                const float *q = qkv + ((size_t)y * wp + x) * ld;
-                for (int ch = 0; ch < c; ch++) l[ch] += q[ch];
-            }
+            for (int x = x0; x < x1; x++) mita_add(l, qkv + ((size_t)y * wp + x) * ld, c);
         float cnt = (float)((y1 - y0) * (x1 - x0));
         for (int ch = 0; ch < c; ch++) l[ch] /= cnt;
     }
 }
 
-/* Shared part of queries [n0, n1) of head h: route e = argmax R[q, :], the
- * partial softmax (m_sh, l_sh) of the logits R s s_sh, whose row of R
- * becomes exp(R s s_sh - m_sh), and the unnormalised shared output
- * exp(R s s_sh - m_sh) Sv into out by one GEMM. */
-static void mita_shared(float *out /* (n, c) */, const mita_ws *w, int c, int d, int h, int m,
-                        float s_shared, int n0, int n1)
+/* Routing logits R = Q L^T of queries [n0, n1) of head h, in the probe's
+ * buffer, and their routes e = argmax R[q, :] (ties to the lower expert). */
+static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */, int c, int d, int h,
+                       int m, int n0, int n1)
 {
-    for (int qi = n0; qi < n1; qi++) {
-        float *r = w->scores + (size_t)qi * m; /* R[qi, :] */
-        int e = argmax_first(r, m, 1);
-        float mx = r[e] * s_shared;
-        w->route[qi] = e;
-        w->m_sh[qi] = mx;
-        w->l_sh[qi] = vm_exp_sum(r, m, s_shared, mx);
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n1 - n0, d, m, 1.0f,
-                w->scores + (size_t)n0 * m, m, w->sv, d, 0.0f, out + (size_t)n0 * c + (size_t)h * d,
-                c);
+    size_t ld = 3 * (size_t)c;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, m, d, 1.0f,
+                qkv + (size_t)n0 * ld + (size_t)h * d, (int)ld, w->land + (size_t)h * d, c, 0.0f,
+                w->scores + (size_t)n0 * m, m);
+    for (int qi = n0; qi < n1; qi++) w->route[qi] = argmax_first(w->scores + (size_t)qi * m, m, 1);
 }
 
 /* Counting sort of the queries by expert (stable: ascending query within an
@@ -192,23 +220,43 @@ static void mita_sort_queries(const mita_ws *w, int n, int m)
     for (int qi = 0; qi < n; qi++) w->order[w->fill[w->route[qi]]++] = qi;
 }
 
-/* Routed part of the sorted queries order[p0, p1) of head h, expert by
- * expert in blocks of up to QB: gather the expert's keys and values once,
- * logits = Q K^T s and outputs = softmax(logits) V by GEMM, merge with the
- * shared part in out, normalise, record. */
+/* Joint softmax of one query over its m shared logits (row[0..m) = R[q, :],
+ * scaled by s_sh here) and k routed logits (row[m..m+k), already scaled):
+ * the two partial softmaxes, merged by log-sum-exp, become the row's final
+ * weights. Returns the shared mass. */
+static float mita_weights(float *row /* (m + k) */, int m, int k, int e, float s_shared)
+{
+    float m_a = row[e] * s_shared; /* e: the argmax of R[q, :] */
+    float l_a = vm_exp_sum(row, m, s_shared, m_a);
+    float m_b = mita_max(row + m, k);
+    float l_b = vm_exp_sum(row + m, k, 1.0f, m_b);
+    float mm, l, c_a, c_b;
+    softmax_merge(&mm, &l, &c_a, &c_b, m_a, l_a, m_b, l_b);
+    float inv = 1.0f / l;
+    mita_scale_row(row, m, c_a * inv);
+    mita_scale_row(row + m, k, c_b * inv);
+    return l_a * c_a * inv;
+}
+
+/* Sorted queries order[p0, p1) of head h, expert by expert in blocks of up
+ * to QB: gather the expert's keys and values once; logits = Q K^T s by one
+ * GEMM beside the block's rows of R; joint softmax weights; out = weights
+ * [Sv ; V_e] by one more; record. */
 static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
-                        const mita_ws *w, int n, int ncls, int c, int d, int h, int k,
-                        const ms_mita_record *rec, float *buf /* (thread_floats) */, int p0,
-                        int p1)
+                        const mita_ws *w, int n, int ncls, int c, int d, int h, int m, int k,
+                        float s_shared, const ms_mita_record *rec,
+                        float *buf /* (thread_floats) */, int p0, int p1)
 {
     size_t ld = 3 * (size_t)c;
+    int mk = m + k;
     float s = mita_scale(d);
-    float *ke = buf;                               /* (k, d) the expert's keys */
-    float *ve = ke + (size_t)k * d;                /* (k, d) and values */
-    float *qb = ve + (size_t)k * d;                /* (QB, d) query block */
-    float *lg = qb + (size_t)MITA_QB * d;          /* (QB, k) logits, then weights */
-    float *ob = lg + (size_t)MITA_QB * k;          /* (QB, d) routed outputs */
-    int have = -1;                                 /* expert whose rows are in ke, ve */
+    float *ke = buf;                       /* (k, d) the expert's keys */
+    float *sve = ke + (size_t)k * d;       /* (m + k, d) summaries, then its values */
+    float *qb = sve + (size_t)mk * d;      /* (QB, d) query block */
+    float *lg = qb + (size_t)MITA_QB * d;  /* (QB, m + k) logits, then weights */
+    float *ob = lg + (size_t)MITA_QB * mk; /* (QB, d) outputs */
+    if (p1 > p0) memcpy(sve, w->sv, (size_t)m * d * sizeof(float));
+    int have = -1; /* expert whose rows are in ke, sve */
     for (int p = p0; p < p1;) {
         int e = w->route[w->order[p]];
         int end = w->starts[e] + w->counts[e];
@@ -220,36 +268,29 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
             for (int t = 0; t < k; t++) {
                 const float *row = qkv + (size_t)ids[t] * ld + (size_t)h * d;
                 memcpy(ke + (size_t)t * d, row + c, (size_t)d * sizeof(float));
-                memcpy(ve + (size_t)t * d, row + 2 * (size_t)c, (size_t)d * sizeof(float));
+                memcpy(sve + ((size_t)m + t) * d, row + 2 * (size_t)c, (size_t)d * sizeof(float));
             }
             have = e;
         }
-        for (int r = 0; r < nb; r++)
-            memcpy(qb + (size_t)r * d, qkv + (size_t)w->order[p + r] * ld + (size_t)h * d,
-                   (size_t)d * sizeof(float));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, d, s, qb, d, ke, d, 0.0f, lg,
-                    k);
-        float l_b[MITA_QB], m_b[MITA_QB];
-        for (int r = 0; r < nb; r++) {
-            float *row = lg + (size_t)r * k;
-            m_b[r] = row[argmax_first(row, k, 1)];
-            l_b[r] = vm_exp_sum(row, k, 1.0f, m_b[r]);
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, k, 1.0f, lg, k, ve, d, 0.0f,
-                    ob, d);
         for (int r = 0; r < nb; r++) {
             int qi = w->order[p + r];
-            float mm, l, c_a, c_b;
-            softmax_merge(&mm, &l, &c_a, &c_b, w->m_sh[qi], w->l_sh[qi], m_b[r], l_b[r]);
-            float inv = 1.0f / l;
-            float *acc = out + (size_t)qi * c + (size_t)h * d;
-            const float *o = ob + (size_t)r * d;
-#pragma omp simd
-            for (int j = 0; j < d; j++) acc[j] = (acc[j] * c_a + o[j] * c_b) * inv;
-            size_t at = (size_t)h * n + mita_report_pos(qi, ncls, n);
-            if (rec && rec->route) rec->route[at] = e;
-            if (rec && rec->shared_mass) rec->shared_mass[at] = w->l_sh[qi] * c_a * inv;
+            memcpy(qb + (size_t)r * d, qkv + (size_t)qi * ld + (size_t)h * d,
+                   (size_t)d * sizeof(float));
+            memcpy(lg + (size_t)r * mk, w->scores + (size_t)qi * m, (size_t)m * sizeof(float));
         }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, d, s, qb, d, ke, d, 0.0f,
+                    lg + m, mk);
+        for (int r = 0; r < nb; r++) {
+            float mass = mita_weights(lg + (size_t)r * mk, m, k, e, s_shared);
+            size_t at = (size_t)h * n + mita_report_pos(w->order[p + r], ncls, n);
+            if (rec && rec->route) rec->route[at] = e;
+            if (rec && rec->shared_mass) rec->shared_mass[at] = mass;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, mk, 1.0f, lg, mk, sve, d,
+                    0.0f, ob, d);
+        for (int r = 0; r < nb; r++)
+            memcpy(out + (size_t)w->order[p + r] * c + (size_t)h * d, ob + (size_t)r * d,
+                   (size_t)d * sizeof(float));
         p = end;
     }
 }
@@ -262,7 +303,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
     mita_landmarks(w.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw);
     float s = mita_scale(d), s_shared = mita_shared_scale(d, shared_scale_d);
-    size_t tf = thread_floats(k, d);
+    size_t tf = thread_floats(n, m, k, d);
 
     /* One parallel region for all heads; each thread runs single-threaded
      * GEMMs on its share (see attention_full.c for why): probe columns,
@@ -280,15 +321,13 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
         int n0 = (int)((long)n * t / nt), n1 = (int)((long)n * (t + 1) / nt); /* my tokens */
         int m0 = m * t / nt, m1 = m * (t + 1) / nt;                           /* my experts */
         float *buf = w.thread + (size_t)t * tf;
+        float *cand = buf + routed_floats(m, k, d); /* top-k prefilter scratch */
         for (int h = 0; h < heads; h++) {
-            const float *qh = qkv + (size_t)h * d;
             const float *kh = qkv + c + (size_t)h * d;
             const float *vh = qkv + 2 * (size_t)c + (size_t)h * d;
             const float *lh = w.land + (size_t)h * d;
 
-            /* probe P = L K^T (m, n), my columns. The previous head's routed
-             * part reads idx, route, order and the softmax stats, not
-             * scores, so no barrier is needed before this. */
+            /* probe P = L K^T (m, n), my columns */
             if (n1 > n0)
                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, d, 1.0f, lh, c,
                             kh + (size_t)n0 * ld, ld, 0.0f, w.scores + n0, n);
@@ -298,12 +337,13 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
             for (int mi = 0; mi < m; mi++) {
                 float *row = w.scores + (size_t)mi * n;
                 int32_t *idx = w.idx + (size_t)mi * k;
-                topk_row(idx, row, n, k);
+                topk_row_filtered(idx, row, n, k, cand, (int32_t *)(cand + n),
+                                  (uint32_t *)(cand + 2 * (size_t)n));
                 if (rec && rec->topk_idx) {
                     int32_t *dst = rec->topk_idx + ((size_t)h * m + mi) * k;
                     for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
                 }
-                float mx = row[argmax_first(row, n, 1)] * s;
+                float mx = mita_max(row, n) * s;
                 w.rowsum[mi] = vm_exp_sum(row, n, s, mx);
             }
             /* shared summaries Sv = softmax_n(P s) V, my experts */
@@ -314,18 +354,14 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                     for (int j = 0; j < d; j++) w.sv[(size_t)mi * d + j] /= w.rowsum[mi];
             }
 #pragma omp barrier
-            /* routing logits R = Q L^T (n, m) of my queries, in the probe's
-             * buffer; routes and the shared part */
-            if (n1 > n0) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, m, d, 1.0f,
-                            qh + (size_t)n0 * ld, ld, lh, c, 0.0f, w.scores + (size_t)n0 * m, m);
-                mita_shared(out, &w, c, d, h, m, s_shared, n0, n1);
-            }
+            /* routing logits R = Q L^T (n, m) and routes of my queries */
+            if (n1 > n0) mita_route(&w, qkv, c, d, h, m, n0, n1);
 #pragma omp barrier
 #pragma omp single
             mita_sort_queries(&w, n, m);
             /* routed part: an equal share of the sorted queries each */
-            mita_routed(out, qkv, &w, n, ncls, c, d, h, k, rec, buf, n0, n1);
+            mita_routed(out, qkv, &w, n, ncls, c, d, h, m, k, s_shared, rec, buf, n0, n1);
+#pragma omp barrier /* the next head's probe overwrites R */
         }
     }
 }
