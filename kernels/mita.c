@@ -1,5 +1,5 @@
 /* MiTA attention on the CPU (spec section 2). Per head: probe GEMM P = L K^T,
- * top-k per landmark with a k-sized heap, shared summaries Sv = softmax(P s) V
+ * top-k per landmark by selection on composite keys, shared summaries Sv = softmax(P s) V
  * by GEMM, routing GEMM R = Q L^T and routes. Then the queries are
  * counting-sorted by routed expert; each expert's k keys and values are
  * gathered once into contiguous rows, so that for a block of its queries the
@@ -18,14 +18,14 @@
 #include "mita_cuda_math.h" /* mita_scan_groups */
 #include "mita_simd.h"
 #include "vmath.h"
+#include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-/* Bins of the top-k prefilter: the top 11 bits of topk_key (sign, exponent,
- * 2 mantissa bits), so a bin spans a quarter octave of scores. */
-#define MITA_TOPK_BITS 11
+/* Top-k prefilter sample: this many times k scores of the row. */
+#define MITA_TOPK_SAMPLE 8
 
 /* Queries per routed GEMM block: the (QB, k) logit tile and (QB, d) output
  * stay in L2 next to the expert's keys and values. */
@@ -62,15 +62,14 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
 
 /* Per thread: the expert's keys (k, d), the summaries and its values
  * (m + k, d), a query block (QB, d), its logits (QB, m + k) and outputs
- * (QB, d); the top-k candidates' scores and positions (n each) and
- * histogram; rounded up to whole cache lines so that threads share none. */
+ * (QB, d); the top-k keys, candidate scores and positions (n each); rounded up to whole cache lines so that threads share none. */
 static size_t routed_floats(int m, int k, int d)
 {
     return ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k);
 }
 static size_t thread_floats(int n, int m, int k, int d)
 {
-    size_t f = routed_floats(m, k, d) + 2 * (size_t)n + ((size_t)1 << MITA_TOPK_BITS);
+    size_t f = routed_floats(m, k, d) + 4 * (size_t)n;
     return (f + 15) & ~(size_t)15;
 }
 
@@ -102,79 +101,90 @@ size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, in
     return mita_layout(&w, NULL, ncls + hp * wp, c, heads, gh * gw, k, chunks);
 }
 
-/* The heap keeps the k best seen so far with the worst at the root. */
-static bool heap_worse(const float *score, int a, int b)
+/* Top-k on composite keys (mita_cuda_math.h: topk_composite): one uint64
+ * per score whose descending order is topk_before's (higher score first,
+ * ties to the lower position), all distinct, so selection needs no tie
+ * rules: select the k largest, then sort those. */
+
+static void u64_swap(uint64_t *a, int i, int j)
 {
-    return topk_before(score[b], b, score[a], a);
+    uint64_t t = a[i];
+    a[i] = a[j];
+    a[j] = t;
 }
 
-static void heap_sift_down(int32_t *heap /* (size) */, int size, int i,
-                           const float *score /* (n) */)
+static int u64_desc(const void *a, const void *b)
 {
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, worst = i;
-        if (l < size && heap_worse(score, heap[l], heap[worst])) worst = l;
-        if (r < size && heap_worse(score, heap[r], heap[worst])) worst = r;
-        if (worst == i) return;
-        int32_t t = heap[i];
-        heap[i] = heap[worst];
-        heap[worst] = t;
-        i = worst;
-    }
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
 }
 
-/* idx = the k best positions of score[0..n) in top-k order, best first.
- * O(n log k); scanning positions in increasing order with a strict "before"
- * keeps the lower position on ties. A later position beats the heap's worst
- * only by a strictly higher score (it loses the tie), so the scan skips
- * ahead to the next score above the worst's, a vector pass (mita_simd.c). */
-static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k)
+/* Reorders a[0..n) so that its k largest come first (in any order),
+ * 1 <= k <= n. Quickselect with a median-of-three pivot; after 64 rounds
+ * (adversarial input) a sort finishes it. */
+static void u64_select_desc(uint64_t *a, int n, int k)
 {
-    for (int j = 0; j < k; j++) idx[j] = j;
-    for (int i = k / 2 - 1; i >= 0; i--) heap_sift_down(idx, k, i, score);
-    for (int j = k; j < n; j++) {
-        j += mita_first_above(score + j, n - j, score[idx[0]]);
-        if (j >= n) break;
-        idx[0] = j;
-        heap_sift_down(idx, k, 0, score);
-    }
-    /* Heap sort: the worst goes to the back each time, so the best ends first. */
-    for (int size = k - 1; size > 0; size--) {
-        int32_t t = idx[0];
-        idx[0] = idx[size];
-        idx[size] = t;
-        heap_sift_down(idx, size, 0, score);
-    }
-}
-
-/* topk_row on the few scores that can be in the top k: a histogram of the
- * top bits of the order-preserving keys (topk_key) finds the bin of the k-th
- * best; every score in a lower bin is strictly lower than the k best, so the
- * heap needs only the scores in that bin and above (in position order, so
- * ties still go to the lower position). Without it the heap's inserts cost
- * more than the probe GEMM at N = 1024. */
-static void topk_row_filtered(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
-                              float *cand /* (n) */, int32_t *cand_pos /* (n) */,
-                              uint32_t *hist /* (2^MITA_TOPK_BITS) */)
-{
-    const int shift = 32 - MITA_TOPK_BITS, bins = 1 << MITA_TOPK_BITS;
-    if (n <= 4 * k) {
-        topk_row(idx, score, n, k);
-        return;
-    }
-    memset(hist, 0, (size_t)bins * sizeof *hist);
-    for (int i = 0; i < n; i++) hist[topk_key(score[i]) >> shift]++;
-    int bin = bins - 1;
-    for (uint32_t above = 0; bin > 0 && above + hist[bin] < (uint32_t)k; bin--) above += hist[bin];
-    uint32_t lo = (uint32_t)bin << shift;
-    int nc = 0;
-    for (int i = 0; i < n; i++)
-        if (topk_key(score[i]) >= lo) {
-            cand[nc] = score[i];
-            cand_pos[nc++] = i;
+    int lo = 0, hi = n - 1;
+    for (int round = 0; lo < hi; round++) {
+        if (round == 64) {
+            qsort(a + lo, (size_t)(hi - lo + 1), sizeof *a, u64_desc);
+            return;
         }
-    topk_row(idx, cand, nc, k);
-    for (int j = 0; j < k; j++) idx[j] = cand_pos[idx[j]];
+        int mid = lo + (hi - lo) / 2;
+        if (a[mid] > a[lo]) u64_swap(a, mid, lo);
+        if (a[hi] > a[lo]) u64_swap(a, hi, lo);
+        if (a[hi] > a[mid]) u64_swap(a, hi, mid); /* a[lo] >= a[mid] >= a[hi] */
+        uint64_t pivot = a[mid];
+        int i = lo, j = hi;
+        while (i <= j) { /* Hoare partition, descending */
+            while (a[i] > pivot) i++;
+            while (a[j] < pivot) j--;
+            if (i <= j) u64_swap(a, i++, j--);
+        }
+        /* a[lo..j] >= pivot >= a[i..hi], j < i */
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else return;
+    }
+}
+
+/* Sorts a[0..n) descending (the k winners: insertion sort). */
+static void u64_sort_desc(uint64_t *a, int n)
+{
+    for (int i = 1; i < n; i++) {
+        uint64_t v = a[i];
+        int j = i - 1;
+        for (; j >= 0 && a[j] < v; j--) a[j + 1] = a[j];
+        a[j + 1] = v;
+    }
+}
+
+/* idx = the k best positions of score[0..n) in top-k order, best first,
+ * 1 <= k <= n. Where n is large against k, the k-th best of a strided
+ * sample is a threshold t that at least k scores reach, so every score
+ * below t is below the row's k-th best and out of its top k: only the
+ * scores >= t (about k n / sample of them, found by a vector pass) get
+ * keys. */
+static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+                     uint64_t *key /* (n) */, float *val /* (n) */, int32_t *pos /* (n) */)
+{
+    int nc = n, sample = MITA_TOPK_SAMPLE * k, stride = n / sample;
+    if (stride >= 2) {
+        for (int i = 0; i < sample; i++)
+            key[i] = topk_composite(topk_key(score[(size_t)i * stride]), i * stride);
+        u64_select_desc(key, sample, k);
+        uint64_t kth = key[0];
+        for (int i = 1; i < k; i++) kth = key[i] < kth ? key[i] : kth;
+        nc = mita_collect_at_least(val, pos, score, n, score[topk_composite_pos(kth)]);
+        if (nc < k) nc = n; /* NaNs in the row: no threshold */
+    }
+    if (nc == n)
+        for (int i = 0; i < n; i++) key[i] = topk_composite(topk_key(score[i]), i);
+    else
+        for (int i = 0; i < nc; i++) key[i] = topk_composite(topk_key(val[i]), pos[i]);
+    u64_select_desc(key, nc, k);
+    u64_sort_desc(key, k);
+    for (int j = 0; j < k; j++) idx[j] = topk_composite_pos(key[j]);
 }
 
 /* L = adaptive average pool of q (all c channels) to (gh, gw); qkv: the grid
@@ -321,7 +331,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
         int n0 = (int)((long)n * t / nt), n1 = (int)((long)n * (t + 1) / nt); /* my tokens */
         int m0 = m * t / nt, m1 = m * (t + 1) / nt;                           /* my experts */
         float *buf = w.thread + (size_t)t * tf;
-        float *cand = buf + routed_floats(m, k, d); /* top-k prefilter scratch */
+        float *cand = buf + routed_floats(m, k, d); /* top-k scratch */
         for (int h = 0; h < heads; h++) {
             const float *kh = qkv + c + (size_t)h * d;
             const float *vh = qkv + 2 * (size_t)c + (size_t)h * d;
@@ -337,8 +347,8 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
             for (int mi = 0; mi < m; mi++) {
                 float *row = w.scores + (size_t)mi * n;
                 int32_t *idx = w.idx + (size_t)mi * k;
-                topk_row_filtered(idx, row, n, k, cand, (int32_t *)(cand + n),
-                                  (uint32_t *)(cand + 2 * (size_t)n));
+                topk_row(idx, row, n, k, (uint64_t *)cand, cand + 2 * (size_t)n,
+                         (int32_t *)(cand + 3 * (size_t)n));
                 if (rec && rec->topk_idx) {
                     int32_t *dst = rec->topk_idx + ((size_t)h * m + mi) * k;
                     for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
