@@ -141,8 +141,8 @@ static void u64_select_desc(uint64_t *a, int n, int k)
             while (a[j] < pivot) j--;
             if (i <= j) u64_swap(a, i++, j--);
         }
-        /* a[lo..j] >= pivot >= a[i..hi], j < i */
-        if (k - 1 <= j) hi = j;
+        /* a[lo..j] >= pivot >= a[i..hi], j < i, and pivots between */
+        if (k <= j) hi = j;
         else if (k - 1 >= i) lo = i;
         else return;
     }
