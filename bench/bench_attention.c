@@ -119,7 +119,9 @@ static double run_one(layer *l, int which)
     double t0 = now_ms();
     ms_status st = MS_OK;
     switch (which) {
-    case T_MITA: st = op_mita(&l->be, l->out, l->qkv, l->hp, l->wp, l->c, l->heads, &l->p, NULL); break;
+    case T_MITA:
+        st = op_mita(&l->be, l->out, l->qkv, l->hp, l->wp, l->c, l->heads, &l->p, NULL);
+        break;
     case T_FULL: st = op_attention_full(&l->be, l->out, l->qkv, l->n, l->c, l->heads); break;
     case T_QKV:
         gemm_cpu(l->yq, l->qkv, l->wq, l->n, 3 * l->c, l->c, false, true, 3 * l->c, l->c,
@@ -282,7 +284,8 @@ int main(int argc, char **argv)
            "|---|---|---|---|---|---|---|---|---|---|\n");
     for (int hi = 0; hi < nh; hi++)
         for (int ni = 0; ni < nn; ni++) {
-            layer l = {.n = ns[ni], .heads = hs[hi], .d = d, .c = hs[hi] * d, .k = topk < ns[ni] ? topk : ns[ni]};
+            layer l = {.n = ns[ni], .heads = hs[hi], .d = d, .c = hs[hi] * d,
+                       .k = topk < ns[ni] ? topk : ns[ni]};
             l.p.gh = l.p.gw = grid;
             const result *o = &res[hi][ni];
             if (!o->runs[T_MITA] || !o->runs[T_QKV] || !o->runs[T_SQ]) continue;

@@ -1,6 +1,7 @@
 /* MiTA attention on the CPU (spec section 2). Per head: probe GEMM P = L K^T,
- * top-k per landmark by selection on composite keys, shared summaries Sv = softmax(P s) V
- * by GEMM, routing GEMM R = Q L^T and routes. Then the queries are
+ * top-k per landmark by selection on composite keys, shared summaries
+ * Sv = softmax(P s) V by GEMM, routing GEMM R = Q L^T and routes. Then the
+ * queries are
  * counting-sorted by routed expert; each expert's k keys and values are
  * gathered once into contiguous rows, so that for a block of its queries the
  * routed logits are one GEMM (nq x k), and the joint softmax's output one
@@ -49,7 +50,7 @@ typedef struct {
     int32_t *order;   /* (n) queries sorted by expert (counting sort, stable) */
     int *counts;      /* (m) queries per expert */
     int *starts;      /* (m) first position of each expert's queries in order */
-    int *fill;        /* (m + 1) scatter cursors, then mita_scan_groups' chunk starts */
+    int *fill;        /* (m + 1) mita_scan_groups' chunk starts (unused), then cursors */
     float *thread;    /* (chunks, thread_floats) per-thread gather and tile buffers */
 } mita_ws;
 
@@ -60,16 +61,16 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
     return p;
 }
 
-/* Per thread: the expert's keys (k, d), the summaries and its values
- * (m + k, d), a query block (QB, d), its logits (QB, m + k) and outputs
- * (QB, d); the top-k keys, candidate scores and positions (n each); rounded up to whole cache lines so that threads share none. */
-static size_t routed_floats(int m, int k, int d)
-{
-    return ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k);
-}
+/* Per thread, in the top-k phase: keys (n uint64), candidate scores and
+ * positions (n each); in the routed phase: the expert's keys (k, d), the
+ * summaries and its values (m + k, d), a query block (QB, d), its logits
+ * (QB, m + k) and outputs (QB, d). Rounded up to whole cache lines so that
+ * threads share none. */
 static size_t thread_floats(int n, int m, int k, int d)
 {
-    size_t f = routed_floats(m, k, d) + 4 * (size_t)n;
+    size_t topk = 4 * (size_t)n;
+    size_t routed = ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k);
+    size_t f = topk > routed ? topk : routed;
     return (f + 15) & ~(size_t)15;
 }
 
@@ -148,9 +149,13 @@ static void u64_select_desc(uint64_t *a, int n, int k)
     }
 }
 
-/* Sorts a[0..n) descending (the k winners: insertion sort). */
+/* Sorts a[0..n) descending (the k winners: insertion sort unless many). */
 static void u64_sort_desc(uint64_t *a, int n)
 {
+    if (n > 64) {
+        qsort(a, (size_t)n, sizeof *a, u64_desc);
+        return;
+    }
     for (int i = 1; i < n; i++) {
         uint64_t v = a[i];
         int j = i - 1;
@@ -331,7 +336,6 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
         int n0 = (int)((long)n * t / nt), n1 = (int)((long)n * (t + 1) / nt); /* my tokens */
         int m0 = m * t / nt, m1 = m * (t + 1) / nt;                           /* my experts */
         float *buf = w.thread + (size_t)t * tf;
-        float *cand = buf + routed_floats(m, k, d); /* top-k scratch */
         for (int h = 0; h < heads; h++) {
             const float *kh = qkv + c + (size_t)h * d;
             const float *vh = qkv + 2 * (size_t)c + (size_t)h * d;
@@ -347,8 +351,8 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
             for (int mi = 0; mi < m; mi++) {
                 float *row = w.scores + (size_t)mi * n;
                 int32_t *idx = w.idx + (size_t)mi * k;
-                topk_row(idx, row, n, k, (uint64_t *)cand, cand + 2 * (size_t)n,
-                         (int32_t *)(cand + 3 * (size_t)n));
+                topk_row(idx, row, n, k, (uint64_t *)buf, buf + 2 * (size_t)n,
+                         (int32_t *)(buf + 3 * (size_t)n));
                 if (rec && rec->topk_idx) {
                     int32_t *dst = rec->topk_idx + ((size_t)h * m + mi) * k;
                     for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);

@@ -34,8 +34,14 @@ static inline int mita_collect_at_least(float *val, int32_t *pos, const float *x
 {
     return MS_SIMD_CALL(mita_collect_at_least, val, pos, x, n, t);
 }
-static inline void mita_add(float *acc, const float *x, int n) { MS_SIMD_CALL(mita_add, acc, x, n); }
-static inline void mita_scale_row(float *x, int n, float a) { MS_SIMD_CALL(mita_scale_row, x, n, a); }
+static inline void mita_add(float *acc, const float *x, int n)
+{
+    MS_SIMD_CALL(mita_add, acc, x, n);
+}
+static inline void mita_scale_row(float *x, int n, float a)
+{
+    MS_SIMD_CALL(mita_scale_row, x, n, a);
+}
 
 #ifdef __cplusplus
 }

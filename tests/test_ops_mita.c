@@ -51,7 +51,8 @@ static ref_result mita_reference(const float *qkv, const mita_case *tc)
                     xcalloc((size_t)tc->heads * n, sizeof(int32_t)),
                     xcalloc((size_t)tc->heads * n, sizeof(double))};
     double *land = xcalloc((size_t)m * c, sizeof(double));
-    double *P = xcalloc((size_t)m * n, sizeof(double)), *sv = xcalloc((size_t)m * d, sizeof(double));
+    double *P = xcalloc((size_t)m * n, sizeof(double));
+    double *sv = xcalloc((size_t)m * d, sizeof(double));
     double *lg = xcalloc((size_t)m + k, sizeof(double));
     bool *taken = xcalloc((size_t)n, sizeof(bool));
     for (int i = 0; i < gh; i++)
@@ -69,8 +70,9 @@ static ref_result mita_reference(const float *qkv, const mita_case *tc)
         const int hd = h * d;
         for (int e = 0; e < m; e++) {
             for (int t = 0; t < n; t++) {
+                const float *kt = qkv + (size_t)t * ld + c + hd;
                 double dot = 0;
-                for (int j = 0; j < d; j++) dot += land[e * c + hd + j] * qkv[(size_t)t * ld + c + hd + j];
+                for (int j = 0; j < d; j++) dot += land[e * c + hd + j] * kt[j];
                 P[(size_t)e * n + t] = dot;
             }
             for (int t = 0; t < n; t++) taken[t] = false;
@@ -88,7 +90,8 @@ static ref_result mita_reference(const float *qkv, const mita_case *tc)
             for (int t = 0; t < n; t++) {
                 double wt = exp(P[(size_t)e * n + t] * s - mx);
                 sum += wt;
-                for (int j = 0; j < d; j++) sv[e * d + j] += wt * qkv[(size_t)t * ld + 2 * c + hd + j];
+                const float *vt = qkv + (size_t)t * ld + 2 * c + hd;
+                for (int j = 0; j < d; j++) sv[e * d + j] += wt * vt[j];
             }
             for (int j = 0; j < d; j++) sv[e * d + j] /= sum;
         }
@@ -147,7 +150,8 @@ static got_result mita_run(const float *qkv, const mita_case *tc, const ref_resu
                     xcalloc((size_t)tc->heads * r->n, sizeof(float)),
                     xcalloc((size_t)tc->heads * r->m * k, sizeof(int32_t)),
                     xcalloc((size_t)tc->heads * r->n, sizeof(int32_t))};
-    void *ws = malloc(mita_scratch_bytes(tc->hp, tc->wp, tc->ncls, r->c, tc->heads, gh, gw, k, chunks));
+    void *ws =
+        malloc(mita_scratch_bytes(tc->hp, tc->wp, tc->ncls, r->c, tc->heads, gh, gw, k, chunks));
     ck_assert_ptr_nonnull(ws);
     ms_mita_record rec = {g.topk, g.route, g.mass};
     mita_cpu(g.out, qkv, tc->hp, tc->wp, tc->ncls, r->c, tc->heads, gh, gw, k, tc->scale_d, &rec,
@@ -182,8 +186,8 @@ static int check_case(const float *qkv, const mita_case *tc, int cs)
     for (int chunks = 1; chunks <= 2; chunks++) {
         got_result g = mita_run(qkv, tc, &r, chunks);
         for (size_t i = 0; i < (size_t)tc->heads * r.m * r.k; i++)
-            ck_assert_msg(g.topk[i] == r.topk[i], "case %d, %d threads: topk[%zu] = %d, want %d", cs,
-                          chunks, i, g.topk[i], r.topk[i]);
+            ck_assert_msg(g.topk[i] == r.topk[i], "case %d, %d threads: topk[%zu] = %d, want %d",
+                          cs, chunks, i, g.topk[i], r.topk[i]);
         for (size_t i = 0; i < (size_t)tc->heads * r.n; i++)
             ck_assert_msg(g.route[i] == r.route[i], "case %d, %d threads: route[%zu] = %d, want %d",
                           cs, chunks, i, g.route[i], r.route[i]);
@@ -302,7 +306,8 @@ START_TEST(test_mita_op_threads)
     ms_mita_params p = {tc.gh, tc.gw, tc.k, tc.scale_d, 0};
     for (int threads = 1; threads <= 2; threads++) {
         ms_backend be = {.device = MS_DEVICE_CPU, .threads = threads};
-        got_result g = {xcalloc((size_t)n * c, sizeof(float)), xcalloc((size_t)tc.heads * n, sizeof(float)),
+        got_result g = {xcalloc((size_t)n * c, sizeof(float)),
+                        xcalloc((size_t)tc.heads * n, sizeof(float)),
                         xcalloc((size_t)tc.heads * r.m * r.k, sizeof(int32_t)),
                         xcalloc((size_t)tc.heads * n, sizeof(int32_t))};
         ms_mita_record rec = {g.topk, g.route, g.mass};
