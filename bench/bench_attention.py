@@ -90,10 +90,11 @@ def main():
     worker.stdin.close()
     worker.wait()
 
-    print(f"threads {a.threads}, {a.rounds} rounds; OpenBLAS {hello['openblas']} ({hello['core']}); "
-          f"torch {torch.__version__}; load {os.getloadavg()[0]:.2f}")
-    print("\n| heads | N | MiTA ms min / med | MiTA GF/s | our full ms min / med | torch full ms min / med "
-          "| our full / MiTA | torch full / MiTA | sgemm qkv GF/s | sgemm 1024^3 GF/s | MiTA / GEMM rate |")
+    print(f"threads {a.threads}, {a.rounds} rounds; OpenBLAS {hello['openblas']} "
+          f"({hello['core']}); torch {torch.__version__}; load {os.getloadavg()[0]:.2f}")
+    print("\n| heads | N | MiTA ms min / med | MiTA GF/s | our full ms min / med "
+          "| torch full ms min / med | our full / MiTA | torch full / MiTA | sgemm qkv GF/s "
+          "| sgemm 1024^3 GF/s | MiTA / GEMM rate |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for cfg in configs:
         n, h = cfg
