@@ -15,8 +15,8 @@
 
 #include "cli.h"
 #include "selftest.h"
-#ifdef MS_HAVE_CUDA
 #include "kernels/cpu_path.h"
+#ifdef MS_HAVE_CUDA
 #include "kernels/cuda_ctx.h"
 #endif
 
