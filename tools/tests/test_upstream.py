@@ -219,7 +219,7 @@ class TestMmseg(unittest.TestCase):
 
     # ------------------------------------------------------------ the checks
 
-    def compare(self, name, desc, model_path, st, img, slide=False):
+    def compare(self, name, desc, model_path, st, img, img_path, slide=False):
         """Reference vs mmseg (float64, in Python), then the engine vs mmseg
         (float32, tests/test_golden on a golden of mmseg's stages)."""
         ref = R.load_model(model_path, torch.float64)
@@ -257,9 +257,10 @@ class TestMmseg(unittest.TestCase):
         safetensors_io.save(prefix + ".golden.safetensors", g, meta)
         self.cases.append(prefix)
         eng = self.run_engine(prefix)
-        report("| %s | %s | %s | %s | %s |" % (
+        cli = self.check_cli(name, model_path, img_path, st)
+        report("| %s | %s | %s | %s | %s | %s |" % (
             name, desc, "0 (bit-identical)" if worst == 0 else "%.1e (%s)" % (worst, where),
-            "identical" if mask_same == 1 else "%.4f" % mask_same, eng))
+            "identical" if mask_same == 1 else "%.4f" % mask_same, eng, cli))
 
     def run_engine(self, prefix):
         if not os.path.exists(ENGINE_TEST):
@@ -267,17 +268,20 @@ class TestMmseg(unittest.TestCase):
         env = dict(os.environ, MS_GOLDEN_EXTRA=prefix, MS_GOLDEN_VERBOSE="1")
         p = subprocess.run([ENGINE_TEST], env=env, capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        worst, stage, lg = 0.0, "", None
+        worst, stage, lg, inp = 0.0, "", None, None
         for line in p.stderr.splitlines():
             parts = line.split()
             if len(parts) >= 6 and parts[0] == prefix and parts[-2] == "rel":
                 rel = float(parts[-1])
                 if parts[1] == "logits":
                     lg = rel
+                if parts[1] == "input":
+                    inp = rel
                 if rel > worst:
                     worst, stage = rel, parts[1]
         self.assertIsNotNone(lg, "the engine's logits were not compared")
-        return "%.1e (%s); logits %.1e" % (worst, stage, lg)
+        return "%.1e (%s); input %s; logits %.1e" % (
+            worst, stage, "-" if inp is None else "%.1e" % inp, lg)
 
     def run_case(self, name, desc, config, layout="1.x", backbone=None, test_cfg=None,
                  size_divisor=None, padded_logits="resize"):
@@ -295,8 +299,8 @@ class TestMmseg(unittest.TestCase):
         img_path = os.path.join(self.tmp.name, name + ".png")
         Image.fromarray(img).save(img_path)                           # lossless: both read img
         st = self.mmseg_stages(model, img_path, cls_token)
-        self.compare(name, desc, path, st, img, slide=bool(test_cfg and test_cfg.get("mode") == "slide"))
-        self.check_cli(name, path, img_path, st)
+        self.compare(name, desc, path, st, img, img_path,
+                     slide=bool(test_cfg and test_cfg.get("mode") == "slide"))
         return cfg
 
     def check_cli(self, name, model_path, img_path, st):
@@ -304,7 +308,7 @@ class TestMmseg(unittest.TestCase):
         model: the mask is mmseg's (up to near-ties of its logits)."""
         exe = os.path.join(os.path.dirname(ENGINE_TEST), "mitaseg")
         if not os.path.exists(exe):
-            return
+            return "-"
         from PIL import Image
         d = os.path.join(self.tmp.name, name + "_cli")
         os.makedirs(d, exist_ok=True)
@@ -320,6 +324,7 @@ class TestMmseg(unittest.TestCase):
             self.assertLess(abs(lg[got[y, x], y, x] - lg[want[y, x], y, x]), 1e-4 * np.abs(lg).max(),
                             "%s: CLI mask pixel (%d, %d)" % (name, y, x))
         self.assertLessEqual(len(diff), got.size // 1000 + 1)
+        return "identical" if len(diff) == 0 else "%d of %d pixels (near-ties)" % (len(diff), got.size)
 
     def test_deit_s_mln(self):
         cfg = self.run_case("deit_s_mln", "DeiT-S + MLN, class token (1.x, patch_bias=False)",
@@ -382,7 +387,7 @@ class TestOpenCVResize(unittest.TestCase):
             p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=600)
             self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         report("| cv2.resize INTER_LINEAR (opencv %s) | %d uint8 RGB resizes, %d sources 1x1 to "
-               "360x480 | engine and reference byte-identical | - | - |"
+               "360x480 | engine and reference byte-identical | - | - | - |"
                % (cv2.__version__, n, sum(k.startswith("src.") for k in t)))
 
 
@@ -435,7 +440,7 @@ class TestTimm(unittest.TestCase):
         worst = max(worst, ((st["taps.3"] - tap).abs().max() / tap.abs().max()).item())
         self.assertLess(worst, 1e-9)
         report("| timm deit_small_patch16_224 | DeiT-S blocks + final norm, class token | %s | "
-               "- | - |" % ("0 (bit-identical)" if worst == 0 else "%.1e" % worst))
+               "- | - | - |" % ("0 (bit-identical)" if worst == 0 else "%.1e" % worst))
 
     def test_pos_embed_resampled_as_timm(self):
         """--init-backbone resamples as timm's resample_abs_pos_embed (antialias)."""
@@ -453,7 +458,7 @@ class TestTimm(unittest.TestCase):
             plain = R.resize_pos_embed(pos, (14, 14), grid, ncls=1)
             rel = ((plain - want)[:, 1:].abs().max() / want[:, 1:].abs().max()).item()
             self.assertGreater(rel, 1e-3)   # the two kernels really differ
-            report("| timm pos_embed 14x14 -> %dx%d | antialiased vs plain bicubic | %.1e | - | - |"
+            report("| timm pos_embed 14x14 -> %dx%d | antialiased vs plain bicubic | %.1e | - | - | - |"
                    % (grid[0], grid[1], rel))
 
     def test_distilled_deit_converts_with_a_note(self):
