@@ -149,7 +149,7 @@ END_TEST
 /* ---- the engine stages the OpenCV-resized bytes -------------------------- */
 
 typedef struct {
-    float *input; /* (3, ph, pw) */
+    float *input[2]; /* (3, ph, pw): image 0 of the batch, and image 1 (flip TTA's mirror) */
     int64_t shape[3];
 } input_capture;
 
@@ -157,10 +157,11 @@ static void on_trace(void *user, const char *name, const float *data, int ndim,
                      const int64_t *shape)
 {
     input_capture *cap = user;
-    if (strcmp(name, "input") != 0 || cap->input || ndim != 3) return;
+    int i = cap->input[0] ? 1 : 0;
+    if (strcmp(name, "input") != 0 || cap->input[i] || ndim != 3) return;
     size_t n = (size_t)(shape[0] * shape[1] * shape[2]);
-    cap->input = malloc(n * sizeof(float));
-    memcpy(cap->input, data, n * sizeof(float));
+    cap->input[i] = malloc(n * sizeof(float));
+    memcpy(cap->input[i], data, n * sizeof(float));
     memcpy(cap->shape, shape, sizeof cap->shape);
 }
 
@@ -229,25 +230,30 @@ START_TEST(test_engine_stages_opencv_bytes)
             run_input(&cap, model_with_input(mode ? "{\"short_side\":72,\"resize\":\"cv2_uint8\"}"
                                                   : "{\"short_side\":72}"),
                       &img, flip);
-            ck_assert_ptr_nonnull(cap.input);
+            ck_assert_ptr_nonnull(cap.input[0]);
+            ck_assert(!flip == !cap.input[1]);
             int ph = (int)cap.shape[1], pw = (int)cap.shape[2];
             ck_assert_int_ge(ph, 72);
             ck_assert_int_ge(pw, 106);
-            /* the unflipped pass's input comes first (image 0 of the batch) */
+            /* image 0: the unflipped pass; image 1 (flip TTA): OpenCV's bytes
+             * mirrored (resized first, then flipped, as mmseg's TTA does) */
             double worst = 0;
-            for (int c = 0; c < 3; c++)
-                for (int y = 0; y < 72; y++)
-                    for (int x = 0; x < 106; x++) {
-                        float v = ((float)px[((size_t)y * 106 + x) * 3 + c] - mean[c]) / stdv[c];
-                        double d = fabs(cap.input[((size_t)c * ph + y) * pw + x] - v);
-                        if (d > worst) worst = d;
-                    }
+            for (int i = 0; i < (flip ? 2 : 1); i++)
+                for (int c = 0; c < 3; c++)
+                    for (int y = 0; y < 72; y++)
+                        for (int x = 0; x < 106; x++) {
+                            int sx = i ? 105 - x : x;
+                            float v = ((float)px[((size_t)y * 106 + sx) * 3 + c] - mean[c]) / stdv[c];
+                            double d = fabs(cap.input[i][((size_t)c * ph + y) * pw + x] - v);
+                            if (d > worst) worst = d;
+                        }
             /* one level of uint8 is 1/57 after normalising */
             if (mode)
                 ck_assert_msg(worst < 1e-5, "cv2_uint8: input differs from OpenCV's by %g", worst);
             else
                 ck_assert_msg(worst > 1e-3, "float resize should not round to OpenCV's bytes");
-            free(cap.input);
+            free(cap.input[0]);
+            free(cap.input[1]);
         }
     }
     model_file_close(g);
