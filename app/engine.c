@@ -16,8 +16,8 @@
 #include "../backbone/vit.h"
 #include "../decoder/decoder.h"
 #include "../kernels/elementwise.h" /* slide_windows, slide_start */
-#include "image_resize.h"
 #include "../kernels/pool.h"
+#include "image_resize.h"
 #include "model_file.h"
 #ifdef MS_HAVE_CUDA
 #include "../kernels/cuda_ctx.h"
@@ -1081,7 +1081,7 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
     const size_t ipx = (size_t)g.ih * g.iw;
     for (int b = 0; b < passes; b++) {
         float *dst = pl->host_in + (size_t)b * 3 * ipx;
-        const uint8_t *rgb = imgs[b % count]->rgb; /* (ih, iw, 3) */
+        const uint8_t *rgb = imgs[b % count]->rgb; /* (h, w, 3), then (ih, iw, 3) */
         if (g.u8_resize) {
             image_resize_u8_rgb(pl->host_u8, rgb, g.w, g.h, g.rw, g.rh, pl->resize_scratch);
             rgb = pl->host_u8;

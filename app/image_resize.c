@@ -6,7 +6,6 @@
 
 #include <float.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define COEF_BITS 11
