@@ -14,8 +14,8 @@
 #endif
 
 #include "cli.h"
-#include "selftest.h"
 #include "kernels/cpu_path.h"
+#include "selftest.h"
 #ifdef MS_HAVE_CUDA
 #include "kernels/cuda_ctx.h"
 #endif
