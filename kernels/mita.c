@@ -322,7 +322,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
 
     /* One parallel region for all heads; each thread runs single-threaded
      * GEMMs on its share (see attention_full.c for why): probe columns,
-     * summary rows, routing and shared rows, then an equal share of the
+     * summary rows, routing rows, then an equal share of the
      * expert-sorted queries. Results can differ by an ulp between thread
      * counts (OpenBLAS rounds a GEMM's edge tiles differently). */
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
