@@ -25,8 +25,10 @@
 #include <omp.h>
 #endif
 
-/* Top-k prefilter sample: this many times k scores of the row. */
-#define MITA_TOPK_SAMPLE 8
+/* Top-k prefilter sample: at most this many times k scores of the row (and
+ * at most a quarter of it), so that few scores pass its threshold and the
+ * vector pass skips most blocks of the row. */
+#define MITA_TOPK_SAMPLE 64
 
 /* Queries per routed GEMM block: the (QB, k) logit tile and (QB, d) output
  * stay in L2 next to the expert's keys and values. */
@@ -173,8 +175,9 @@ static void u64_sort_desc(uint64_t *a, int n)
 static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
                      uint64_t *key /* (n) */, float *val /* (n) */, int32_t *pos /* (n) */)
 {
-    int nc = n, sample = MITA_TOPK_SAMPLE * k, stride = n / sample;
-    if (stride >= 2) {
+    int nc = n, sample = n / 4 < MITA_TOPK_SAMPLE * k ? n / 4 : MITA_TOPK_SAMPLE * k;
+    if (sample >= 2 * k) {
+        int stride = n / sample;
         for (int i = 0; i < sample; i++)
             key[i] = topk_composite(topk_key(score[(size_t)i * stride]), i * stride);
         u64_select_desc(key, sample, k);
