@@ -1,10 +1,10 @@
 #!/usr/bin/python3
 """One attention layer, side by side: mitaseg's MiTA and full attention
-(bench/bench_attention.c: op_mita, op_attention_full, and OpenBLAS sgemm on
+(bench/bench_mita.c: op_mita, op_attention_full, and OpenBLAS sgemm on
 the layer's qkv-projection GEMM and on a 1024^3 GEMM) against PyTorch's full
 attention, interleaved run by run, same thread count.
 
-  /usr/bin/python3 bench/bench_attention.py [--build build] [--threads 2]
+  /usr/bin/python3 bench/bench_mita.py [--build build] [--threads 2]
       [--rounds 5] [--n 1024,4096,16384] [--heads 3,6] [--full-max N]
 
 PyTorch here is Debian's 1.13, which has no scaled_dot_product_attention:
@@ -47,10 +47,10 @@ def main():
     try:
         import torch
     except ImportError:
-        print("bench_attention.py: torch is not installed; skipped", file=sys.stderr)
+        print("bench_mita.py: torch is not installed; skipped", file=sys.stderr)
         return 77
     torch.set_num_threads(a.threads)
-    exe = os.path.join(a.build, "bench_attention")
+    exe = os.path.join(a.build, "bench_mita")
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
     worker = subprocess.Popen([exe, "--serve", "--threads", str(a.threads),
                                "--full-max", str(a.full_max)],

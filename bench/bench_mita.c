@@ -8,7 +8,7 @@
  * Rates are useful FLOPs per second: MiTA per head 2 N d (4 M + 2 k) (probe,
  * summaries, routing, shared output; routed logits and outputs), full
  * attention 4 N^2 d. Prints one JSON line per (heads, N) with min and median
- * ms and GF/s, then a Markdown table. --serve (for bench/bench_attention.py):
+ * ms and GF/s, then a Markdown table. --serve (for bench/bench_mita.py):
  * reads lines "N HEADS" and answers each with one JSON line of one timed
  * round, so a driver can interleave other contenders. */
 #include <math.h>
@@ -57,7 +57,7 @@ static float *alloc_f(size_t n)
 {
     float *p = ms_malloc(n * sizeof(float));
     if (!p) {
-        fprintf(stderr, "bench_attention: out of memory (%zu floats)\n", n);
+        fprintf(stderr, "bench_mita: out of memory (%zu floats)\n", n);
         exit(1);
     }
     return p;
@@ -88,7 +88,7 @@ static void layer_init(layer *l, int n, int heads, int d, int grid, int topk, in
     size_t a = mita_scratch_bytes(l->hp, l->wp, 0, c, heads, gh, gw, l->k, threads);
     size_t b = attention_full_scratch_floats(n, MS_ATTN_QB, MS_ATTN_KB, threads) * sizeof(float);
     if (arena_init(&l->arena, (a > b ? a : b) + 4096, MS_DEVICE_CPU) != MS_OK) {
-        fprintf(stderr, "bench_attention: %s\n", ms_last_error());
+        fprintf(stderr, "bench_mita: %s\n", ms_last_error());
         exit(1);
     }
     l->be = (ms_backend){.device = MS_DEVICE_CPU, .threads = threads, .scratch = &l->arena};
@@ -132,7 +132,7 @@ static double run_one(layer *l, int which)
                  GEMM_SIDE, GEMM_SIDE, 1.0f, 0.0f);
     }
     if (st != MS_OK) {
-        fprintf(stderr, "bench_attention: %s\n", ms_last_error());
+        fprintf(stderr, "bench_mita: %s\n", ms_last_error());
         exit(1);
     }
     return now_ms() - t0;
@@ -204,14 +204,14 @@ int main(int argc, char **argv)
         }
         else {
             fprintf(stderr,
-                    "usage: bench_attention [--n 1024,4096,16384] [--heads 3,6] [--d 64] [--grid 7]"
+                    "usage: bench_mita [--n 1024,4096,16384] [--heads 3,6] [--d 64] [--grid 7]"
                     " [--topk 49] [--threads 2] [--repeat 7] [--full-repeat R] [--full-max N]"
                     " [--only mita|full|gemm_qkv|gemm_1024] [--serve]\n");
             return 2;
         }
     }
     if (nn < 1 || nh < 1 || d < 1 || grid < 1 || topk < 1 || threads < 1 || repeat < 1) {
-        fprintf(stderr, "bench_attention: bad arguments\n");
+        fprintf(stderr, "bench_mita: bad arguments\n");
         return 2;
     }
     if (full_repeat < 0) full_repeat = repeat;
