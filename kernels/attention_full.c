@@ -11,13 +11,13 @@
 
 #include <cblas.h>
 
+#include "attention_simd.h"
 #include "gemm.h"
-#include "vmath.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static size_t chunk_floats(int qb, int kb) { return (size_t)qb * kb + 2 * (size_t)qb; }
+static size_t chunk_floats(int qb, int kb) { return (size_t)qb * kb + 3 * (size_t)qb; }
 
 size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks)
 {
@@ -28,16 +28,16 @@ size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks)
 
 /* Queries [q0, q0+nq) of head h. */
 static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int n, int c,
-                            int d, int h, int q0, int nq, int kb, float *ws /* (nq*kb + 2nq) */)
+                            int d, int h, int q0, int nq, int kb, float *ws /* (nq*kb + 3nq) */)
 {
     int ld = 3 * c;
     float s = 1.0f / sqrtf((float)d);
     float *tile = ws;                     /* (nq, kb) scores, then probabilities */
     float *mrun = ws + (size_t)nq * kb;   /* (nq) running max of each query's logits */
     float *lrun = mrun + nq;              /* (nq) running sum of exp(logit - max) */
+    float *corr = lrun + nq;              /* (nq) this tile's rescale of each output row */
     float *o = out + (size_t)q0 * c + (size_t)h * d; /* (nq, d), row stride c */
     for (int i = 0; i < nq; i++) {
-        for (int j = 0; j < d; j++) o[(size_t)i * c + j] = 0.0f;
         mrun[i] = -INFINITY;
         lrun[i] = 0.0f;
     }
@@ -47,25 +47,17 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, s,
                     qkv + (size_t)q0 * ld + (size_t)h * d, ld,
                     qkv + (size_t)k0 * ld + c + (size_t)h * d, ld, 0.0f, tile, nk);
-        for (int i = 0; i < nq; i++) {
-            float *row = tile + (size_t)i * nk;
-            float mx = row[argmax_first(row, nk, 1)];
-            float m_new = mrun[i] > mx ? mrun[i] : mx;
-            float corr = softmax_rescale(mrun[i], m_new);
-            float sum = vm_exp_sum(row, nk, 1.0f, m_new);
-            lrun[i] = lrun[i] * corr + sum;
-            mrun[i] = m_new;
-            float *oi = o + (size_t)i * c;
-            for (int j = 0; j < d; j++) oi[j] *= corr;
-        }
-        /* o += tile @ V[k0:k0+nk] */
+        /* one pass per row: max, exp, sum; the output rows are rescaled only
+         * where a row's max grew (the first tile overwrites them: beta 0) */
+        bool rescale = attn_tile_softmax(tile, nq, nk, mrun, lrun, corr);
+        if (k0 > 0 && rescale) attn_scale_rows(o, nq, d, c, corr);
+        /* o = (k0 > 0) o + tile @ V[k0:k0+nk] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, tile, nk,
-                    qkv + (size_t)k0 * ld + 2 * c + (size_t)h * d, ld, 1.0f, o, c);
+                    qkv + (size_t)k0 * ld + 2 * c + (size_t)h * d, ld, k0 > 0 ? 1.0f : 0.0f, o,
+                    c);
     }
-    for (int i = 0; i < nq; i++) {
-        float inv = 1.0f / lrun[i];
-        for (int j = 0; j < d; j++) o[(size_t)i * c + j] *= inv;
-    }
+    for (int i = 0; i < nq; i++) corr[i] = 1.0f / lrun[i];
+    attn_scale_rows(o, nq, d, c, corr);
 }
 
 void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, int qb, int kb,

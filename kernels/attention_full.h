@@ -15,7 +15,7 @@ extern "C" {
 #endif
 
 /* Floats of scratch for query/key blocks qb, kb and `chunks` threads: per
- * thread a score tile plus each query's running max and sum. */
+ * thread a score tile plus each query's running max, sum and rescale. */
 size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks);
 
 /* Threads (at most `chunks`) take (head, query block) items; GEMMs inside run
