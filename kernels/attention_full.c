@@ -31,10 +31,11 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
                             int d, int h, int q0, int nq, int kb, float *ws /* (nq*kb + 3nq) */)
 {
     int ld = 3 * c;
-    float s = 1.0f / sqrtf((float)d);
+    /* logits in log2 units: the softmax takes powers of 2 (attention_simd.h) */
+    float s = 1.44269504088896341f / sqrtf((float)d);
     float *tile = ws;                     /* (nq, kb) scores, then probabilities */
-    float *mrun = ws + (size_t)nq * kb;   /* (nq) running max of each query's logits */
-    float *lrun = mrun + nq;              /* (nq) running sum of exp(logit - max) */
+    float *mrun = ws + (size_t)nq * kb;   /* (nq) running max of each query's tile values */
+    float *lrun = mrun + nq;              /* (nq) running sum of 2^(value - max) */
     float *corr = lrun + nq;              /* (nq) this tile's rescale of each output row */
     float *o = out + (size_t)q0 * c + (size_t)h * d; /* (nq, d), row stride c */
     for (int i = 0; i < nq; i++) {
@@ -43,7 +44,7 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
     }
     for (int k0 = 0; k0 < n; k0 += kb) {
         int nk = n - k0 < kb ? n - k0 : kb;
-        /* tile = s * Q[q0:q0+nq] K[k0:k0+nk]^T */
+        /* tile = s * Q[q0:q0+nq] K[k0:k0+nk]^T, s = log2(e) / sqrt(d) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, s,
                     qkv + (size_t)q0 * ld + (size_t)h * d, ld,
                     qkv + (size_t)k0 * ld + c + (size_t)h * d, ld, 0.0f, tile, nk);

@@ -9,15 +9,21 @@
 extern "C" {
 #endif
 
-/* One key tile of the online softmax. tile holds the scaled logits of nq
- * queries against nk keys; m, l are each query's running max and sum
- * (m = -inf: nothing seen yet). Per row: the new max, tile = exp(tile - max),
- * l = l * corr + the row's sum, where corr = exp(m_old - m_new) (0 for an
- * empty row) is what the caller multiplies the row's accumulator by.
+/* One key tile of the online softmax, in base 2: tile holds the logits of
+ * nq queries against nk keys times log2(e) (so exp(logit) = 2^tile; the
+ * caller folds log2(e) into the GEMM's scale); m, l are each query's running
+ * max (same units) and sum (m = -inf: nothing seen yet). Per row: the new
+ * max, tile = 2^(tile - max), l = l * corr + the row's sum, where
+ * corr = 2^(m_old - m_new) (0 for an empty row) is what the caller
+ * multiplies the row's accumulator by.
  * Returns whether any corr is not 1 (some accumulator needs scaling). */
 MS_SIMD_DECLARE(bool, attn_tile_softmax,
                 (float *tile /* (nq, nk) */, int nq, int nk, float *m /* (nq) */,
                  float *l /* (nq) */, float *corr /* (nq) */));
+
+/* x[i] = 2^(x[i] - shift), for x[i] <= shift (a row max); returns the sum
+ * of the new x. Within 2 ulp of exp2f down to 2^-126.5, below that 0. */
+MS_SIMD_DECLARE(float, attn_exp2_sum, (float *x /* (n) */, int n, float shift));
 
 /* x[i, :] *= f[i] for rows whose f is not 1. */
 MS_SIMD_DECLARE(void, attn_scale_rows,

@@ -1,0 +1,278 @@
+#!/usr/bin/python3
+"""Full attention on the CPU, one layer: mitaseg's op_attention_full
+(bench/bench_attention, one or more builds) against PyTorch, same shapes,
+same threads, interleaved, in one run.
+
+  /usr/bin/python3 bench/bench_attention.py [--build build ...] [--threads 2]
+      [--n 1024,4096,16384] [--models ti,s] [--rounds 7] [--no-sdpa]
+      [--torch-python PY ...] [--json OUT.json]
+
+Shapes: DeiT-Ti (C = 192, 3 heads) and DeiT-S (C = 384, 6 heads), head dim
+64, input qkv (N, 3C) as the engine holds it, output (N, C) heads
+concatenated. What is timed: the whole op on that layout; for PyTorch the
+split/permute views and the final transpose+reshape copy are included, as
+the engine's op includes them.
+
+Contenders, each a persistent worker process asked one run at a time, the
+order rotated every round (the CPU is shared: interleaving spreads the load
+evenly; the report prints `uptime` before and after):
+  - mitaseg, each --build given (e.g. a build of the old tree and the new);
+  - PyTorch 1.13 from Debian (/usr/bin/python3): it has no
+    scaled_dot_product_attention, so it runs matmul, softmax, matmul (the
+    (N, N) scores materialised);
+  - PyTorch 2.x from the registry with torch.nn.functional.
+    scaled_dot_product_attention (its fused CPU flash attention), in
+    build-bench-torch-venv/ (git-ignored), made on first use by this script
+    (pip install torch from PyPI, about 0.6 GB; the PyTorch CPU wheel index
+    is not always reachable). Where it cannot be installed the column is
+    skipped with the reason; --no-sdpa skips it.
+Reported per shape: min and median wall ms over --rounds, ratio contender /
+mitaseg (first --build; > 1: mitaseg faster), and the median CPU time of all
+the worker's threads (process CPU time around the call: on a loaded machine
+it is steadier than wall time, as time spent descheduled is not counted). Outputs are checked at the
+smallest N: every mitaseg build and every PyTorch against a float64 numpy
+reference on the same input (max |a - b| / max |b| below 1e-4), exit 1 if not.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+VENV_DIR = os.path.join(REPO, "build-bench-torch-venv")
+DONE_MARK = "mitaseg-packages.txt"
+MODELS = {"ti": (192, 3), "s": (384, 6)}
+MAX_REL_ERROR = 1e-4
+
+
+def torch_venv(timeout_s=900):
+    """(python, None) or (None, why): a venv with PyTorch 2.x from PyPI.
+    Installed into a temporary folder renamed into place when complete, so
+    an interrupted install is never used."""
+    py = os.path.join(VENV_DIR, "bin", "python")
+    if os.path.exists(os.path.join(VENV_DIR, DONE_MARK)):
+        return py, None
+    tmp = "%s.tmp-%d" % (VENV_DIR, os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    tpy = os.path.join(tmp, "bin", "python")
+    steps = [["/usr/bin/python3", "-m", "venv", tmp],
+             [tpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--timeout", "30",
+              "torch>=2.0", "numpy"],
+             [tpy, "-c", "import torch, numpy; "
+              "torch.nn.functional.scaled_dot_product_attention; print('torch', torch.__version__)"]]
+    try:
+        out = ""
+        for cmd in steps:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=timeout_s)
+            if r.returncode:
+                tail = (r.stdout.strip().splitlines() or ["exit %d" % r.returncode])[-1]
+                return None, "'%s' failed: %s" % (" ".join(cmd[:4]), tail)
+            out = r.stdout
+        with open(os.path.join(tmp, DONE_MARK), "w") as f:
+            f.write(out)
+        shutil.rmtree(VENV_DIR, ignore_errors=True)
+        os.rename(tmp, VENV_DIR)
+        return py, None
+    except subprocess.TimeoutExpired as e:
+        return None, "'%s' took over %d s" % (" ".join(e.cmd[:4]), e.timeout)
+    except OSError as e:
+        return None, str(e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def reference(qkv, heads):
+    """float64 softmax(q k^T / sqrt(d)) v, heads concatenated."""
+    import numpy as np
+    n, c3 = qkv.shape
+    c = c3 // 3
+    d = c // heads
+    x = qkv.astype(np.float64).reshape(n, 3, heads, d).transpose(1, 2, 0, 3)
+    s = x[0] @ x[1].transpose(0, 2, 1) / np.sqrt(d)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    return (s @ x[2]).transpose(1, 0, 2).reshape(n, c)
+
+
+# ---------------------------------------------------------------- workers
+
+def worker_torch(args):
+    """Answers "run N" with {"ms"} and "dump N PATH" (qkv then out, float32)."""
+    import numpy as np
+    import torch
+    torch.set_num_threads(args.threads)
+    torch.set_num_interop_threads(1)
+    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+    c, heads = args.c, args.heads
+    d = c // heads
+    cache = {}
+
+    def attend(qkv, n):
+        q, k, v = qkv.view(n, 3, heads, d).permute(1, 2, 0, 3)
+        if sdpa is not None:
+            o = sdpa(q, k, v)
+        else:
+            o = torch.softmax((q @ k.transpose(-1, -2)) * (1.0 / d ** 0.5), -1) @ v
+        return o.transpose(0, 1).reshape(n, c)
+
+    print(json.dumps({"ready": True, "name": "PyTorch %s %s" % (
+        torch.__version__, "SDPA" if sdpa else "matmul+softmax+matmul"),
+        "threads": torch.get_num_threads()}), flush=True)
+    for line in iter(sys.stdin.readline, ""):
+        w = line.split()
+        n = int(w[1])
+        if w[0] == "dump":
+            qkv = torch.from_numpy(np.fromfile(w[2], dtype=np.float32).reshape(n, 3 * c))
+            with torch.inference_mode():
+                attend(qkv, n).numpy().tofile(w[2] + ".out")
+            print(json.dumps({"ok": True}), flush=True)
+            continue
+        if n not in cache:
+            cache = {n: torch.rand(n, 3 * c) * 4 - 2}
+        with torch.inference_mode():
+            t0, c0 = time.perf_counter(), time.process_time()
+            attend(cache[n], n)
+            ms, cpu_ms = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+        print(json.dumps({"ms": ms, "cpu_ms": cpu_ms}), flush=True)
+
+
+class Worker:
+    def __init__(self, key, cmd, log):
+        self.key = key
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=log, text=True)
+        self.info = self.read()
+
+    def read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            sys.exit("bench_attention: worker %s ended (see its log)" % self.key)
+        return json.loads(line)
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait()
+
+
+def uptime():
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", action="append", help="mitaseg build folder(s); default build")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--models", default="ti,s")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--torch-python", action="append", help="more pythons with torch")
+    ap.add_argument("--json")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--c", type=int, default=192, help=argparse.SUPPRESS)
+    ap.add_argument("--heads", type=int, default=3, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker_torch(args)
+    import numpy as np
+
+    builds = args.build or ["build"]
+    ns = [int(x) for x in args.n.split(",")]
+    pythons = ["/usr/bin/python3"] + (args.torch_python or [])
+    notes = []
+    if not args.no_sdpa:
+        py, why = torch_venv()
+        if py:
+            pythons.append(py)
+        else:
+            notes.append("PyTorch 2.x (SDPA) skipped: " + why)
+    print(uptime())
+    for n_ in notes:
+        print(n_)
+    results = []
+    bad = False
+    logdir = tempfile.mkdtemp(prefix="bench_attention.")
+    for model in args.models.split(","):
+        c, heads = MODELS[model]
+        workers = []
+        for i, b in enumerate(builds):
+            exe = os.path.join(b, "bench_attention")
+            workers.append(Worker(b, [exe, "--c", str(c), "--heads", str(heads), "--threads",
+                                      str(args.threads)],
+                                  open(os.path.join(logdir, "mitaseg%d.log" % i), "w")))
+        for i, py in enumerate(pythons):
+            workers.append(Worker(py, [py, os.path.abspath(__file__), "--worker", "--threads",
+                                       str(args.threads), "--c", str(c), "--heads", str(heads)],
+                                  open(os.path.join(logdir, "torch%d.log" % i), "w")))
+        names = [("mitaseg %s (%s)" % (w.key, w.info.get("cpu_path"))) if "cpu_path" in w.info
+                 else w.info["name"] for w in workers]
+        # correctness at the smallest N, on the C worker's input
+        n0 = min(ns)
+        path = os.path.join(logdir, "qkv.f32")
+        workers[0].ask("dump %d %s" % (n0, path))
+        raw = np.fromfile(path, dtype=np.float32)
+        qkv = raw[:n0 * 3 * c].reshape(n0, 3 * c)
+        want = reference(qkv, heads)
+        qkv.tofile(path + ".in")
+        for w, name in zip(workers, names):
+            if "cpu_path" in w.info:
+                w.ask("dump %d %s" % (n0, path))
+                got = np.fromfile(path, dtype=np.float32)[n0 * 3 * c:]
+            else:
+                w.ask("dump %d %s" % (n0, path + ".in"))
+                got = np.fromfile(path + ".in.out", dtype=np.float32)
+            err = float(np.abs(got.reshape(n0, c) - want).max() / np.abs(want).max())
+            print("%s: rel error vs float64 at N=%d: %.1e" % (name, n0, err))
+            bad |= not err < MAX_REL_ERROR
+        for n in ns:
+            times = [[] for _ in workers]
+            cpu = [[] for _ in workers]
+            for w in workers:   # warm-up at this N
+                w.ask("run %d" % n)
+            for r in range(args.rounds):
+                order = list(range(len(workers)))
+                order = order[r % len(order):] + order[:r % len(order)]
+                for i in order:
+                    a = workers[i].ask("run %d" % n)
+                    times[i].append(a["ms"])
+                    cpu[i].append(a["cpu_ms"])
+                    time.sleep(0.05)
+            base = statistics.median(times[0])
+            cbase = statistics.median(cpu[0])
+            print("\nDeiT-%s C=%d heads=%d N=%d, %d threads, %d rounds; ratio: median vs %s"
+                  % (model.upper(), c, heads, n, args.threads, args.rounds, names[0]))
+            print("  %-46s %9s %9s %7s %13s %7s" % ("", "min ms", "median", "ratio",
+                                                    "CPU ms median", "ratio"))
+            for i, name in enumerate(names):
+                mn, md, cm = min(times[i]), statistics.median(times[i]), statistics.median(cpu[i])
+                print("  %-46s %9.2f %9.2f %6.2fx %13.2f %6.2fx" % (name, mn, md, md / base, cm,
+                                                                  cm / cbase))
+                results.append({"model": model, "n": n, "contender": name, "min_ms": mn,
+                                "median_ms": md, "cpu_median_ms": cm, "times": times[i],
+                                "cpu_times": cpu[i]})
+        for w in workers:
+            w.close()
+    print(uptime())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": results, "notes": notes}, f, indent=1)
+    shutil.rmtree(logdir, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
