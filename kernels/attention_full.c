@@ -61,13 +61,36 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
     attn_scale_rows(o, nq, d, c, corr);
 }
 
+/* Query blocks per head: the fewest of at most qb queries, or up to 4x as
+ * many where (head, block) items would leave threads idle at the end: at
+ * n = 690 (a CamVid frame) one block per head is 3 items for 2 threads, a
+ * third of the second thread's time idle; 2 blocks per head are 6 items. */
+static int query_blocks(int n, int heads, int qb, int chunks)
+{
+    int nb0 = (n + qb - 1) / qb, best = nb0;
+    double best_use = 0.0;
+    for (int nb = nb0; nb <= 4 * nb0 && nb <= n; nb++) {
+        int items = heads * nb, rounds = (items + chunks - 1) / chunks;
+        double use = (double)items / ((double)rounds * chunks); /* busy share of thread time */
+        if (use > best_use + 1e-9) {
+            best_use = use;
+            best = nb;
+        }
+        if (use >= 0.9) break;
+    }
+    return best;
+}
+
 void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, int qb, int kb,
                         float *ws, int chunks)
 {
     if (qb > n) qb = n;
     if (kb > n) kb = n;
     int d = c / heads;
-    int qblocks = (n + qb - 1) / qb;
+    size_t stride = chunk_floats(qb, kb); /* per thread, as scratch_floats counted */
+    int qblocks = query_blocks(n, heads, qb, chunks);
+    qb = (n + qblocks - 1) / qblocks;
+    qblocks = (n + qb - 1) / qb;
     int items = heads * qblocks;
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
 #pragma omp parallel num_threads(chunks)
@@ -76,7 +99,7 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        float *tws = ws + chunk_floats(qb, kb) * (size_t)t;
+        float *tws = ws + stride * (size_t)t;
 #pragma omp for schedule(dynamic)
         for (int it = 0; it < items; it++) {
             int h = it / qblocks, q0 = (it % qblocks) * qb;
