@@ -34,8 +34,8 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
     /* logits in log2 units: the softmax takes powers of 2 (attention_simd.h) */
     float s = 1.44269504088896341f / sqrtf((float)d);
     float *tile = ws;                     /* (nq, kb) scores, then probabilities */
-    float *mrun = ws + (size_t)nq * kb;   /* (nq) running max of each query's tile values */
-    float *lrun = mrun + nq;              /* (nq) running sum of 2^(value - max) */
+    float *mrun = ws + (size_t)nq * kb;   /* (nq) running reference max (attention_simd.h) */
+    float *lrun = mrun + nq;              /* (nq) running sum of 2^(value - reference) */
     float *corr = lrun + nq;              /* (nq) this tile's rescale of each output row */
     float *o = out + (size_t)q0 * c + (size_t)h * d; /* (nq, d), row stride c */
     for (int i = 0; i < nq; i++) {
@@ -48,10 +48,22 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, s,
                     qkv + (size_t)q0 * ld + (size_t)h * d, ld,
                     qkv + (size_t)k0 * ld + c + (size_t)h * d, ld, 0.0f, tile, nk);
-        /* one pass per row: max, exp, sum; the output rows are rescaled only
-         * where a row's max grew (the first tile overwrites them: beta 0) */
-        bool rescale = attn_tile_softmax(tile, nq, nk, mrun, lrun, corr);
-        if (k0 > 0 && rescale) attn_scale_rows(o, nq, d, c, corr);
+        /* one pass per row (after the first tile): exponentials, max, sum;
+         * the output rows are rescaled only where the reference max moved
+         * (the first tile overwrites them: beta 0) */
+        int left = attn_tile_softmax(tile, nq, nk, mrun, lrun, corr);
+        for (int i = 0; left > 0 && i < nq; i++) {
+            if (corr[i] == corr[i]) continue; /* not NaN: done */
+            /* a logit far above the running max (it moved by over 2^64 in
+             * one tile) or a NaN: compute the row's logits again */
+            float *row = tile + (size_t)i * nk;
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, d, s,
+                        qkv + (size_t)k0 * ld + c + (size_t)h * d, ld,
+                        qkv + (size_t)(q0 + i) * ld + (size_t)h * d, 1, 0.0f, row, 1);
+            attn_row_softmax(row, nk, &mrun[i], &lrun[i], &corr[i]);
+            left--;
+        }
+        if (k0 > 0) attn_scale_rows(o, nq, d, c, corr);
         /* o = (k0 > 0) o + tile @ V[k0:k0+nk] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, tile, nk,
                     qkv + (size_t)k0 * ld + 2 * c + (size_t)h * d, ld, k0 > 0 ? 1.0f : 0.0f, o,
