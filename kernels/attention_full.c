@@ -55,7 +55,7 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
         for (int i = 0; left > 0 && i < nq; i++) {
             if (corr[i] == corr[i]) continue; /* not NaN: done */
             /* a logit far above the running max (it moved by over 2^64 in
-             * one tile) or a NaN: compute the row's logits again */
+             * one tile), a NaN or an infinity: the row's logits again */
             float *row = tile + (size_t)i * nk;
             cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, d, s,
                         qkv + (size_t)k0 * ld + c + (size_t)h * d, ld,

@@ -63,19 +63,23 @@ float MS_SIMD_FN(attn_exp2_sum)(float *x /* (n) */, int n, float shift)
 }
 
 /* x = 2^(x - shift) and the max of the old x, in one pass; returns the sum
- * of the new x (meaningful only where that max is at most shift + 126 and no
- * x is NaN). */
-static float exp2_sum_max(float *x /* (n) */, int n, float shift, float *max)
+ * of the new x, meaningful only where that max is at most shift + 126 and
+ * *finite is true (no x was NaN or infinite: the sum of x * 0 is 0 then,
+ * NaN otherwise, one FMA per vector; a NaN of either sign must be seen, and
+ * the compare-select max skips NaN). */
+static float exp2_sum_max(float *x /* (n) */, int n, float shift, float *max, bool *finite)
 {
-    float sum = 0.0f, mx = -INFINITY;
-#pragma omp simd reduction(+ : sum) reduction(max : mx)
+    float sum = 0.0f, mx = -INFINITY, zero = 0.0f;
+#pragma omp simd reduction(+ : sum, zero) reduction(max : mx)
     for (int i = 0; i < n; i++) {
         mx = x[i] > mx ? x[i] : mx;
+        zero += x[i] * 0.0f;
         float e = exp2_clamped(x[i] - shift);
         x[i] = e;
         sum += e;
     }
     *max = mx;
+    *finite = zero == 0.0f;
     return sum;
 }
 
@@ -134,14 +138,16 @@ int MS_SIMD_FN(attn_tile_softmax)(float *tile /* (nq, nk) */, int nq, int nk, fl
          * (floats keep their relative precision; sums of 2^64 times any N
          * stay finite), so the max, the sum and the output row stay put:
          * after the first tile that is nearly every row. */
-        float mx, sum = exp2_sum_max(row, nk, m[i], &mx);
-        if (mx <= m[i] + 64.0f && sum <= 0x1p100f) {
+        float mx;
+        bool finite;
+        float sum = exp2_sum_max(row, nk, m[i], &mx, &finite);
+        if (mx <= m[i] + 64.0f && finite) {
             corr[i] = 1.0f;
             l[i] += sum;
         } else {
-            /* a max far above the running one, or NaN (exp2_clamped makes it
-             * 2^126, so the sum shows it): the caller recomputes the row's
-             * logits for the two-pass attn_row_softmax */
+            /* a max far above the running one, or a NaN or infinite logit:
+             * the caller recomputes the row's logits for the two-pass
+             * attn_row_softmax */
             corr[i] = NAN;
             left++;
         }

@@ -17,7 +17,7 @@ extern "C" {
  * reference and corr = 2^(m - m') (0 for an empty row) is what the caller
  * multiplies the row's accumulator by. m' is the row's max on its first
  * tile; after that m stays (corr = 1). A later row whose max exceeds m
- * by over 64 (or that holds a NaN) is left to the caller, marked by
+ * by over 64 (or that holds a NaN or an infinity) is left to the caller, marked by
  * corr = NaN, its tile values spoilt: the caller recomputes its logits and
  * calls attn_row_softmax. Returns how many rows were left so. A NaN logit
  * makes its row's l NaN. */
@@ -46,6 +46,11 @@ static inline int attn_tile_softmax(float *tile, int nq, int nk, float *m, float
 static inline void attn_row_softmax(float *row, int nk, float *m, float *l, float *corr)
 {
     MS_SIMD_CALL(attn_row_softmax, row, nk, m, l, corr);
+}
+
+static inline float attn_exp2_sum(float *x, int n, float shift)
+{
+    return MS_SIMD_CALL(attn_exp2_sum, x, n, shift);
 }
 
 static inline void attn_scale_rows(float *x, int rows, int cols, long ld, const float *f)
