@@ -4,7 +4,7 @@
 same threads, interleaved, in one run.
 
   /usr/bin/python3 bench/bench_attention.py [--build build ...] [--threads 2]
-      [--n 1024,4096,16384] [--models ti,s] [--rounds 7] [--no-sdpa]
+      [--n 1024,4096,16384] [--models ti,s] [--rounds 7] [--no-sdpa] [--no-matmul]
       [--torch-python PY ...] [--json OUT.json]
 
 Shapes: DeiT-Ti (C = 192, 3 heads) and DeiT-S (C = 384, 6 heads), head dim
@@ -180,6 +180,8 @@ def main():
     ap.add_argument("--models", default="ti,s")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--no-matmul", action="store_true",
+                    help="skip Debian's PyTorch 1.13 (slow at large N: (N, N) scores)")
     ap.add_argument("--torch-python", action="append", help="more pythons with torch")
     ap.add_argument("--json")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -192,7 +194,7 @@ def main():
 
     builds = args.build or ["build"]
     ns = [int(x) for x in args.n.split(",")]
-    pythons = ["/usr/bin/python3"] + (args.torch_python or [])
+    pythons = ([] if args.no_matmul else ["/usr/bin/python3"]) + (args.torch_python or [])
     notes = []
     if not args.no_sdpa:
         py, why = torch_venv()
