@@ -17,7 +17,7 @@
  * degree-6 polynomial (fitted for relative error on [-1/2, 1/2]: 1e-7, under
  * 2 ulp with float rounding); 2^n put into the exponent bits. Below -126.5
  * (and at -inf) it returns 0, where exp2f is below 1.7e-38; above 126 (and
- * for NaN) 2^126: callers check the row max for that.
+ * for NaN) 2^126: callers check the row max and NaN for that.
  * The clamps are integer mins on the bits: read as signed, positive floats
  * grow with their value; read as unsigned, negative ones grow with their
  * magnitude (and lie above every positive one). A float select would not
@@ -129,23 +129,30 @@ int MS_SIMD_FN(attn_tile_softmax)(float *tile /* (nq, nk) */, int nq, int nk, fl
     int left = 0;
     for (int i = 0; i < nq; i++) {
         float *row = tile + (size_t)i * nk;
-        if (m[i] == -INFINITY) { /* first tile: max, then exponentials */
+        /* the reference: the running one, or on a row's first tile the max
+         * of its first 16 values (a full max pass first costs a third of
+         * the exponentials' time); if neither is finite, the two passes */
+        float ref = m[i];
+        if (ref == -INFINITY)
+            for (int j = 0; j < nk && j < 16; j++) ref = row[j] > ref ? row[j] : ref;
+        if (ref == -INFINITY || ref != ref) {
             MS_SIMD_FN(attn_row_softmax)(row, nk, &m[i], &l[i], &corr[i]);
             continue;
         }
-        /* later tiles: exponentials against the running max and the tile's
-         * max in the same pass. Up to 2^64 the values stay as they are
-         * (floats keep their relative precision; sums of 2^64 times any N
-         * stay finite), so the max, the sum and the output row stay put:
-         * after the first tile that is nearly every row. */
+        /* exponentials against the reference and the tile's max in the same
+         * pass. Up to 2^64 the values stay as they are (floats keep their
+         * relative precision; sums of 2^64 times any N stay finite), so the
+         * reference, the sum and the output row stay put: after the first
+         * tile that is nearly every row. */
         float mx;
         bool finite;
-        float sum = exp2_sum_max(row, nk, m[i], &mx, &finite);
-        if (mx <= m[i] + 64.0f && finite) {
-            corr[i] = 1.0f;
+        float sum = exp2_sum_max(row, nk, ref, &mx, &finite);
+        if (mx <= ref + 64.0f && finite) {
+            corr[i] = m[i] == -INFINITY ? 0.0f : 1.0f; /* empty before: nothing to keep */
             l[i] += sum;
+            m[i] = ref;
         } else {
-            /* a max far above the running one, or a NaN or infinite logit:
+            /* a max far above the reference, or a NaN or infinite logit:
              * the caller recomputes the row's logits for the two-pass
              * attn_row_softmax */
             corr[i] = NAN;

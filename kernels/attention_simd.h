@@ -15,9 +15,10 @@ extern "C" {
  * reference (same units) and sum (m = -inf: nothing seen yet). Per row:
  * tile = 2^(tile - m') and l = l * corr + the row's sum, where m' is the new
  * reference and corr = 2^(m - m') (0 for an empty row) is what the caller
- * multiplies the row's accumulator by. m' is the row's max on its first
- * tile; after that m stays (corr = 1). A later row whose max exceeds m
- * by over 64 (or that holds a NaN or an infinity) is left to the caller, marked by
+ * multiplies the row's accumulator by. m' is not the max: it is the max of
+ * the first 16 logits the row sees, and stays (corr = 1) while no logit
+ * exceeds it by over 64 (values up to 2^64 are fine in floats). A row that
+ * does (or holds a NaN or an infinity) is left to the caller, marked by
  * corr = NaN, its tile values spoilt: the caller recomputes its logits and
  * calls attn_row_softmax. Returns how many rows were left so. A NaN logit
  * makes its row's l NaN. */
@@ -25,7 +26,8 @@ MS_SIMD_DECLARE(int, attn_tile_softmax,
                 (float *tile /* (nq, nk) */, int nq, int nk, float *m /* (nq) */,
                  float *l /* (nq) */, float *corr /* (nq) */));
 
-/* One row of attn_tile_softmax the two-pass way (m' = the row's max). */
+/* One row of attn_tile_softmax the two-pass way: m' = the larger of m and
+ * the row's max. */
 MS_SIMD_DECLARE(void, attn_row_softmax, (float *row /* (nk) */, int nk, float *m, float *l,
                                          float *corr));
 

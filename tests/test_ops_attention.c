@@ -198,36 +198,42 @@ START_TEST(test_exp2_accuracy)
 }
 END_TEST
 
-/* attn_tile_softmax's per-row cases, by hand: the first tile (two passes),
- * a later tile under the running max (one pass, nothing rescaled), a max
+/* attn_tile_softmax's per-row cases, by hand: the first tile (against the
+ * max of its first 16 logits; a row far above that handed back), a later
+ * tile under the running reference (one pass, nothing rescaled), a max
  * 2^10 higher (still one pass: values up to 2^64 kept), a max 2^80 higher,
  * a NaN and a row of -inf (handed back: corr NaN, counted), and a row -inf
  * so far. */
 START_TEST(test_tile_softmax_rows)
 {
-    enum { NK = 37, NQ = 6 };
+    enum { NK = 37, NQ = 7 };
     ms_cpu_path start = cpu_path_get();
     for (int pi = 0; pi < n_paths(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         float tile[NQ * NK], keep[NQ * NK], m[NQ], l[NQ], corr[NQ];
         rand_fill(keep, NQ * NK, 77, -6.0f, 6.0f);
         for (int j = 0; j < NK; j++) keep[5 * NK + j] = -INFINITY; /* row 5: nothing yet */
+        keep[6 * NK + 30] = 100.0f; /* row 6: 2^94 over its first 16 logits' max */
         for (int i = 0; i < NQ; i++) {
             m[i] = -INFINITY;
             l[i] = 0.0f;
         }
         memcpy(tile, keep, sizeof tile);
-        ck_assert_int_eq(attn_tile_softmax(tile, NQ, NK, m, l, corr), 0);
+        ck_assert_int_eq(attn_tile_softmax(tile, NQ, NK, m, l, corr), 1);
+        ck_assert(isnan(corr[6]));
+        memcpy(tile + 6 * NK, keep + 6 * NK, sizeof(float) * NK);
+        attn_row_softmax(tile + 6 * NK, NK, &m[6], &l[6], &corr[6]);
         for (int i = 0; i < NQ; i++) {
-            double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < NK; j++) mx = fmax(mx, keep[i * NK + j]);
-            ck_assert(m[i] == (float)mx);
+            /* the reference: the max of the first 16 (all of row 6) */
+            double ref = -INFINITY, sum = 0;
+            for (int j = 0; j < (i == 6 ? NK : 16); j++) ref = fmax(ref, keep[i * NK + j]);
+            ck_assert(m[i] == (float)ref);
             ck_assert(corr[i] == 0.0f); /* empty before: nothing to rescale */
             for (int j = 0; j < NK; j++) {
                 /* the difference rounded to float, as the kernel's */
-                double e = i == 5 ? 0.0 : exp2((float)(keep[i * NK + j] - (float)mx));
+                double e = i == 5 ? 0.0 : exp2((float)(keep[i * NK + j] - (float)ref));
                 sum += e;
-                ck_assert(fabs(tile[i * NK + j] - e) <= 3e-7 * e);
+                ck_assert_msg(fabs(tile[i * NK + j] - e) <= 3e-7 * e, "row %d j %d", i, j);
             }
             ck_assert(fabs(l[i] - sum) <= 1e-6 * sum);
         }
