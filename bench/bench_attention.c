@@ -109,7 +109,8 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     if (!feof(stdin)) {
-        fprintf(stderr, "bench_attention: %s\n", ferror(stdin) ? "stdin read error" : ms_last_error());
+        fprintf(stderr, "bench_attention: %s\n",
+                ferror(stdin) ? "stdin read error" : ms_last_error());
         return 1;
     }
     free(qkv);

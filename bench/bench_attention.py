@@ -66,8 +66,8 @@ def torch_venv(timeout_s=900):
     steps = [["/usr/bin/python3", "-m", "venv", tmp],
              [tpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--timeout", "30",
               "torch>=2.0", "numpy"],
-             [tpy, "-c", "import torch, numpy; "
-              "torch.nn.functional.scaled_dot_product_attention; print('torch', torch.__version__)"]]
+             [tpy, "-c", "import torch, numpy; torch.nn.functional.scaled_dot_product_attention; "
+              "print('torch', torch.__version__)"]]
     try:
         out = ""
         for cmd in steps:
