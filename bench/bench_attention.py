@@ -47,47 +47,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "tools"))
 VENV_DIR = os.path.join(REPO, "build-bench-torch-venv")
-DONE_MARK = "mitaseg-packages.txt"
 MODELS = {"ti": (192, 3), "s": (384, 6)}
 MAX_REL_ERROR = 1e-4
 
 
-def torch_venv(timeout_s=900):
-    """(python, None) or (None, why): a venv with PyTorch 2.x from PyPI.
-    Installed into a temporary folder renamed into place when complete, so
-    an interrupted install is never used."""
-    py = os.path.join(VENV_DIR, "bin", "python")
-    if os.path.exists(os.path.join(VENV_DIR, DONE_MARK)):
-        return py, None
-    tmp = "%s.tmp-%d" % (VENV_DIR, os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)
-    tpy = os.path.join(tmp, "bin", "python")
-    steps = [["/usr/bin/python3", "-m", "venv", tmp],
-             [tpy, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--timeout", "30",
-              "torch>=2.0", "numpy"],
-             [tpy, "-c", "import torch, numpy; torch.nn.functional.scaled_dot_product_attention; "
-              "print('torch', torch.__version__)"]]
-    try:
-        out = ""
-        for cmd in steps:
-            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               timeout=timeout_s)
-            if r.returncode:
-                tail = (r.stdout.strip().splitlines() or ["exit %d" % r.returncode])[-1]
-                return None, "'%s' failed: %s" % (" ".join(cmd[:4]), tail)
-            out = r.stdout
-        with open(os.path.join(tmp, DONE_MARK), "w") as f:
-            f.write(out)
-        shutil.rmtree(VENV_DIR, ignore_errors=True)
-        os.rename(tmp, VENV_DIR)
-        return py, None
-    except subprocess.TimeoutExpired as e:
-        return None, "'%s' took over %d s" % (" ".join(e.cmd[:4]), e.timeout)
-    except OSError as e:
-        return None, str(e)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def torch_venv():
+    """(python, None) or (None, why): a venv with PyTorch 2.x from PyPI, made
+    by tools/ort_venv.py's ensure (a finished install or none)."""
+    import ort_venv
+    return ort_venv.ensure(VENV_DIR, packages=["torch>=2.0", "numpy"], system_site=False,
+                           check="import torch, numpy; "
+                           "torch.nn.functional.scaled_dot_product_attention; "
+                           "print('torch', torch.__version__)")
 
 
 def reference(qkv, heads):
