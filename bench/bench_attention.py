@@ -23,9 +23,9 @@ evenly; the report prints `uptime` before and after):
   - PyTorch 2.x from the registry with torch.nn.functional.
     scaled_dot_product_attention (its fused CPU flash attention), in
     build-bench-torch-venv/ (git-ignored), made on first use by this script
-    (pip install torch from PyPI, about 0.6 GB; the PyTorch CPU wheel index
-    is not always reachable). Where it cannot be installed the column is
-    skipped with the reason; --no-sdpa skips it.
+    (pip install torch from PyPI: 5.4 GB installed with its CUDA libraries;
+    the PyTorch CPU wheel index is not always reachable). Where it cannot be
+    installed the column is skipped with the reason; --no-sdpa skips it.
 Reported per shape: min and median wall ms over --rounds, ratio contender /
 mitaseg (first --build; > 1: mitaseg faster), and the median CPU time of all
 the worker's threads (process CPU time around the call: on a loaded machine

@@ -64,7 +64,7 @@ static void two_pass_attention(double *out /* (n, c) */, const float *qkv /* (n,
     *a_max = amax;
 }
 
-/* Inputs of the three kinds below; `scale` sets the logits' magnitude. */
+/* Random inputs, or a ramp (below); `scale` sets the logits' magnitude. */
 enum { INPUT_RANDOM, INPUT_RAMP };
 static float *make_qkv(int n, int c, int kind, float scale, uint32_t seed)
 {
