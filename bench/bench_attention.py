@@ -48,6 +48,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
+sys.path.insert(0, HERE)
+from bench_cpu import Worker  # noqa: E402 (one persistent worker process, asked line by line)
+
 VENV_DIR = os.path.join(REPO, "build-bench-torch-venv")
 MODELS = {"ti": (192, 3), "s": (384, 6)}
 MAX_REL_ERROR = 1e-4
@@ -118,29 +121,6 @@ def worker_torch(args):
         print(json.dumps({"ms": ms, "cpu_ms": cpu_ms}), flush=True)
 
 
-class Worker:
-    def __init__(self, key, cmd, log):
-        self.key = key
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=log, text=True)
-        self.info = self.read()
-
-    def read(self):
-        line = self.p.stdout.readline()
-        if not line:
-            sys.exit("bench_attention: worker %s ended (see its log)" % self.key)
-        return json.loads(line)
-
-    def ask(self, cmd):
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        return self.read()
-
-    def close(self):
-        self.p.stdin.close()
-        self.p.wait()
-
-
 def uptime():
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -166,6 +146,10 @@ def main():
     import numpy as np
 
     builds = args.build or ["build"]
+    for b in builds:
+        if not os.access(os.path.join(b, "bench_attention"), os.X_OK):
+            sys.exit("bench_attention: %s/bench_attention not found (ninja -C %s bench_attention)"
+                     % (b, b))
     ns = [int(x) for x in args.n.split(",")]
     pythons = ([] if args.no_matmul else ["/usr/bin/python3"]) + (args.torch_python or [])
     notes = []
@@ -188,11 +172,11 @@ def main():
             exe = os.path.join(b, "bench_attention")
             workers.append(Worker(b, [exe, "--c", str(c), "--heads", str(heads), "--threads",
                                       str(args.threads)],
-                                  open(os.path.join(logdir, "mitaseg%d.log" % i), "w")))
+                                  os.path.join(logdir, "mitaseg%d.log" % i)))
         for i, py in enumerate(pythons):
             workers.append(Worker(py, [py, os.path.abspath(__file__), "--worker", "--threads",
                                        str(args.threads), "--c", str(c), "--heads", str(heads)],
-                                  open(os.path.join(logdir, "torch%d.log" % i), "w")))
+                                  os.path.join(logdir, "torch%d.log" % i)))
         names = [("mitaseg %s (%s)" % (w.key, w.info.get("cpu_path"))) if "cpu_path" in w.info
                  else w.info["name"] for w in workers]
         # correctness on the C worker's input at the smallest N, at most 1024
