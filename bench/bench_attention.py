@@ -29,9 +29,10 @@ evenly; the report prints `uptime` before and after):
 Reported per shape: min and median wall ms over --rounds, ratio contender /
 mitaseg (first --build; > 1: mitaseg faster), and the median CPU time of all
 the worker's threads (process CPU time around the call: on a loaded machine
-it is steadier than wall time, as time spent descheduled is not counted). Outputs are checked at the
-smallest N (at most 1024): every mitaseg build and every PyTorch against a
-float64 numpy reference on the same input (max |a - b| / max |b| below 1e-4), exit 1 if not.
+it is steadier than wall time, as time spent descheduled is not counted).
+Outputs are checked at the smallest N (at most 1024): every mitaseg build
+and every PyTorch against a float64 numpy reference on the same input
+(max |a - b| / max |b| below 1e-4); exit status 1 if one is not.
 """
 import argparse
 import json
