@@ -11,9 +11,10 @@
 #define EXP2_HIGH_BITS 0x42FC0000
 
 /* 2^x for x <= 126, inlined so the row loops vectorise into straight-line
- * code (libmvec's expf, called per vector, was three quarters of the
- * softmax's time and a fifth of the whole op's; this is 18 vector
- * instructions). x = n + f, n an integer and |f| <= 1/2 exactly; 2^f by a
+ * code: 20 vector instructions per 8 values, load, store and sum included,
+ * 0.27 ns a value against libmvec's expf at 0.48 (called per vector; it
+ * was three quarters of the softmax's time and an eighth of the op's) on
+ * the v3 path. x = n + f, n an integer and |f| <= 1/2 exactly; 2^f by a
  * degree-6 polynomial (fitted for relative error on [-1/2, 1/2]: 1e-7, under
  * 2 ulp with float rounding); 2^n put into the exponent bits. Below -126.5
  * (and at -inf) it returns 0, where exp2f is below 1.7e-38; above 126 (and
