@@ -61,9 +61,14 @@ void crop_cpu(float *out, const float *in, int c, int h, int w, int ho, int wo)
 
 void argmax_cpu(uint8_t *out, const float *in, int c, int h, int w)
 {
-    long plane = (long)h * w;
+    /* runs of pixels, the classes' planes read contiguously within each */
+    long plane = (long)h * w, runs = (plane + EW_ARGMAX_PIXELS - 1) / EW_ARGMAX_PIXELS;
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < plane; i++) out[i] = (uint8_t)argmax_first(in + i, c, plane);
+    for (long r = 0; r < runs; r++) {
+        long i = r * EW_ARGMAX_PIXELS;
+        ew_argmax_planes(out + i, in + i, c, plane,
+                         (int)(plane - i < EW_ARGMAX_PIXELS ? plane - i : EW_ARGMAX_PIXELS));
+    }
 }
 
 void normalize_pad_cpu(float *out, const float *in, int h, int w, int hp, int wp,

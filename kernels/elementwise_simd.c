@@ -47,6 +47,28 @@ void MS_SIMD_FN(ew_add)(float *out, const float *a, const float *b, size_t n)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+void MS_SIMD_FN(ew_argmax_planes)(uint8_t *out, const float *in, int c, long plane, int n)
+{
+    float best_v[EW_ARGMAX_PIXELS];
+    int best_k[EW_ARGMAX_PIXELS];
+#pragma omp simd
+    for (int i = 0; i < n; i++) {
+        best_v[i] = in[i];
+        best_k[i] = 0;
+    }
+    for (int k = 1; k < c; k++) {
+        const float *x = in + (size_t)k * plane;
+#pragma omp simd
+        for (int i = 0; i < n; i++) {
+            bool gt = x[i] > best_v[i];
+            best_v[i] = gt ? x[i] : best_v[i];
+            best_k[i] = gt ? k : best_k[i];
+        }
+    }
+#pragma omp simd
+    for (int i = 0; i < n; i++) out[i] = (uint8_t)best_k[i];
+}
+
 void MS_SIMD_FN(ew_scale)(float *x, size_t n, float s)
 {
 #pragma omp simd

@@ -21,6 +21,12 @@ MS_SIMD_DECLARE(void, ew_bias_act_cols,
 /* out[i] = a[i] + b[i]; out may alias a or b. */
 MS_SIMD_DECLARE(void, ew_add, (float *out /* (n) */, const float *a /* (n) */,
                                const float *b /* (n) */, size_t n));
+/* out[i] = the first k with the largest in[k * plane + i] over k < c, for
+ * n <= EW_ARGMAX_PIXELS pixels (argmax_first per pixel, vectorised across
+ * pixels: strict >, so ties and NaNs keep the earlier class). */
+#define EW_ARGMAX_PIXELS 256
+MS_SIMD_DECLARE(void, ew_argmax_planes, (uint8_t *out /* (n) */, const float *in /* (c, plane) */,
+                                         int c, long plane, int n));
 /* x[i] *= s. */
 MS_SIMD_DECLARE(void, ew_scale, (float *x /* (n) */, size_t n, float s));
 /* One LayerNorm row: mean and variance in double (two passes), then
@@ -39,6 +45,12 @@ static inline void ew_add(float *out /* (n) */, const float *a /* (n) */,
                           const float *b /* (n) */, size_t n)
 {
     MS_SIMD_CALL(ew_add, out, a, b, n);
+}
+
+static inline void ew_argmax_planes(uint8_t *out /* (n) */, const float *in /* (c, plane) */,
+                                    int c, long plane, int n)
+{
+    MS_SIMD_CALL(ew_argmax_planes, out, in, c, plane, n);
 }
 
 static inline void ew_scale(float *x /* (n) */, size_t n, float s)

@@ -1,7 +1,7 @@
 /* The vectorised elementwise paths (kernels/resize_simd.c,
  * kernels/elementwise_simd.c) against plain loops written here: the bilinear
  * resize, the linear layer's fused bias/activation epilogue with libmvec's
- * erff GELU, LayerNorm, add and the softmax rows. Every check runs on each CPU
+ * erff GELU, LayerNorm, add, the softmax rows and the per-pixel argmax. Every check runs on each CPU
  * path this machine has (cpu_path_set) and on 1 and 2 OpenMP threads; CMake
  * runs the whole file a second time with MS_CPU_PATH=base.
  *
@@ -461,6 +461,45 @@ START_TEST(test_add_softmax_paths)
 }
 END_TEST
 
+/* ---------- argmax ---------- */
+
+/* Per pixel, the first class with the largest logit, as argmax_first: the
+ * values are on a coarse grid so ties are common, and some are NaN (never
+ * larger than anything, so a NaN in class 0 keeps class 0). */
+START_TEST(test_argmax_paths)
+{
+    ms_backend be = cpu_backend();
+    const int shapes[][3] = {{1, 3, 5}, {2, 16, 16}, {12, 9, 29}, {150, 7, 37}, {256, 3, 87},
+                             {19, 1, 257}, {3, 33, 31}};
+    for (int pi = 0; pi < path_count(); pi++) {
+        use_path(pi);
+        for (int t = 1; t <= 2; t++) {
+            set_threads(t);
+            for (int si = 0; si < 7; si++) {
+                int c = shapes[si][0], h = shapes[si][1], w = shapes[si][2];
+                size_t plane = (size_t)h * w;
+                float *in = frand((size_t)c * plane, 300 + si, -4, 4);
+                for (size_t i = 0; i < (size_t)c * plane; i++) {
+                    in[i] = floorf(in[i]); /* 8 levels: many ties */
+                    if (i % 53 == 7) in[i] = NAN;
+                }
+                uint8_t *got = calloc(plane, 1);
+                ck_assert_ptr_nonnull(got);
+                ck_assert_int_eq(op_argmax(&be, got, in, c, h, w), MS_OK);
+                for (size_t p = 0; p < plane; p++) {
+                    int best = 0;
+                    for (int k = 1; k < c; k++)
+                        if (in[(size_t)k * plane + p] > in[(size_t)best * plane + p]) best = k;
+                    ck_assert_msg(got[p] == best, "c %d pixel %zu: %d, want %d", c, p, got[p], best);
+                }
+                ms_free(in); free(got);
+            }
+        }
+    }
+    set_threads(2);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops_elem");
@@ -473,6 +512,7 @@ int main(void)
     tcase_add_test(tc, test_linear_fused_epilogue);
     tcase_add_test(tc, test_layernorm_paths);
     tcase_add_test(tc, test_add_softmax_paths);
+    tcase_add_test(tc, test_argmax_paths);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
