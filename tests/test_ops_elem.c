@@ -1,8 +1,9 @@
 /* The vectorised elementwise paths (kernels/resize_simd.c,
  * kernels/elementwise_simd.c) against plain loops written here: the bilinear
  * resize, the linear layer's fused bias/activation epilogue with libmvec's
- * erff GELU, LayerNorm, add, the softmax rows and the per-pixel argmax. Every check runs on each CPU
- * path this machine has (cpu_path_set) and on 1 and 2 OpenMP threads; CMake
+ * erff GELU, LayerNorm, add, the softmax rows and the per-pixel argmax.
+ * Every check runs on each CPU path this machine has (cpu_path_set) and on 1
+ * and 2 OpenMP threads; CMake
  * runs the whole file a second time with MS_CPU_PATH=base.
  *
  * Bit-for-bit claims: the base path does the same float operations in the
