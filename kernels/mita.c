@@ -28,7 +28,7 @@
 /* Top-k prefilter sample: at most this many times k scores of the row (and
  * at most a quarter of it), so that few scores pass its threshold and the
  * vector pass skips most blocks of the row. */
-#define MITA_TOPK_SAMPLE 64
+#define MITA_TOPK_SAMPLE 16
 
 /* Queries per routed GEMM block: the (QB, k) logit tile and (QB, d) output
  * stay in L2 next to the expert's keys and values. */
@@ -224,7 +224,7 @@ static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */, int c, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, m, d, 1.0f,
                 qkv + (size_t)n0 * ld + (size_t)h * d, (int)ld, w->land + (size_t)h * d, c, 0.0f,
                 w->scores + (size_t)n0 * m, m);
-    for (int qi = n0; qi < n1; qi++) w->route[qi] = argmax_first(w->scores + (size_t)qi * m, m, 1);
+    mita_argmax_rows(w->route + n0, w->scores + (size_t)n0 * m, n1 - n0, m);
 }
 
 /* Counting sort of the queries by expert (stable: ascending query within an
