@@ -14,9 +14,9 @@
 #endif
 
 #include "cli.h"
+#include "kernels/cpu_path.h"
 #include "selftest.h"
 #ifdef MS_HAVE_CUDA
-#include "kernels/cpu_path.h"
 #include "kernels/cuda_ctx.h"
 #endif
 
