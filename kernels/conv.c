@@ -52,12 +52,16 @@ static int conv_thread_id(void)
 #endif
 }
 
-/* A band split: rows per band, bands, threads, and the scratch floats per
- * thread (slice = per_row * rows + fixed, which callers keep 16-aligned). */
+/* A band split: bands of at most rows rows (band i is rows [i*n/bands,
+ * (i+1)*n/bands) of n, so they differ by one row at most), threads, and the
+ * scratch floats per thread (slice = per_row * rows + fixed, which callers
+ * keep 16-aligned). */
 typedef struct {
     int rows, bands, threads;
     size_t slice;
 } band_plan;
+
+static int round_up(int a, int m) { return (a + m - 1) / m * m; }
 
 /* Splits n_rows output rows of row_cols columns into bands of about
  * CONV_BAND_COLS columns, as many as a multiple of the thread count (so the
@@ -68,21 +72,28 @@ static band_plan band_plan_make(int n_rows, int row_cols, size_t per_row, size_t
 {
     band_plan p;
     int rows = CONV_BAND_COLS / (row_cols > 0 ? row_cols : 1);
-    if (rows < 1) rows = 1;
-    if (rows > n_rows) rows = n_rows;
-    int bands = (n_rows + rows - 1) / rows;
-    bands = bands < threads ? (threads < n_rows ? threads : n_rows)
-                            : (bands + threads - 1) / threads * threads;
+    rows = rows < 1 ? 1 : (rows > n_rows ? n_rows : rows);
+    if (threads > n_rows) threads = n_rows;
+    int bands = round_up((n_rows + rows - 1) / rows, threads);
     rows = (n_rows + bands - 1) / bands;
-    if (threads > bands) threads = bands;
     /* shrink the band, then the thread count, until the slices fit */
     while (rows > 1 && (size_t)threads * (per_row * rows + fixed) > avail) rows--;
     while (threads > 0 && (size_t)threads * (per_row * rows + fixed) > avail) threads--;
-    p.rows = rows;
-    p.bands = (n_rows + rows - 1) / rows;
+    bands = (n_rows + rows - 1) / rows;
+    if (threads > 1 && round_up(bands, threads) <= n_rows) bands = round_up(bands, threads);
+    p.rows = (n_rows + bands - 1) / bands;
+    p.bands = bands;
     p.threads = threads;
-    p.slice = per_row * rows + fixed;
+    p.slice = per_row * p.rows + fixed;
     return p;
+}
+
+/* Band bi of a plan over n rows: first row and row count. */
+static int band_start(const band_plan *p, int n, int bi) { return (int)((long long)bi * n / p->bands); }
+
+static int band_rows(const band_plan *p, int n, int bi)
+{
+    return band_start(p, n, bi + 1) - band_start(p, n, bi);
 }
 
 /* One row per band on one thread: what a workspace under one row's worth
@@ -170,7 +181,7 @@ static void conv2d_implicit(float *out /* (co, ho, wo) */, const float *in /* (c
         float *pad_in = slices + (size_t)conv_thread_id() * p.slice;
 #pragma omp for schedule(static)
         for (int bi = 0; bi < p.bands; bi++) {
-            int y0 = bi * p.rows, rows = ho - y0 < p.rows ? ho - y0 : p.rows;
+            int y0 = band_start(&p, ho, bi), rows = band_rows(&p, ho, bi);
             int nin = rows + kh - 1, n = rows * wp;
             float *acc = pad_in + round16((size_t)ci * nin * wp + kw); /* (co, rows*wp) */
             implicit_pad_band(pad_in, in, ci, h, wd, kh, kw, pad, y0, rows);
@@ -241,7 +252,7 @@ void conv2d_im2col_cpu(float *out, const float *in, const float *w, const float 
     if (p.threads < 1) p = band_plan_one_row(ho, (size_t)kdim * wo); /* below the contract */
 #pragma omp parallel for schedule(static) num_threads(p.threads) if (p.threads > 1)
     for (int bi = 0; bi < p.bands; bi++) {
-        int y0 = bi * p.rows, rows = ho - y0 < p.rows ? ho - y0 : p.rows;
+        int y0 = band_start(&p, ho, bi), rows = band_rows(&p, ho, bi);
         int npix = rows * wo;
         float *col = ws + (size_t)conv_thread_id() * p.slice;
         im2col_band(col, in, ci, h, wd, kh, kw, stride, pad, wo, y0, rows);
@@ -268,7 +279,7 @@ static void conv2d_pointwise(float *out /* (co, n) */, const float *in /* (ci, n
     band_plan p = band_plan_make(n, 1, 0, 0, conv_threads(), 0);
 #pragma omp parallel for schedule(static) num_threads(p.threads > 0 ? p.threads : 1)
     for (int bi = 0; bi < p.bands; bi++) {
-        int j0 = bi * p.rows, cols = n - j0 < p.rows ? n - j0 : p.rows;
+        int j0 = band_start(&p, n, bi), cols = band_rows(&p, n, bi);
         gemm_cpu(out + j0, w, in + j0, co, cols, ci, false, false, ci, n, n, 1.0f, 0.0f);
         for (int o = 0; o < co; o++)
             conv_bias_act_row(out + (size_t)o * n + j0, out + (size_t)o * n + j0, cols,
@@ -340,7 +351,7 @@ void conv_transpose2x2_cpu(float *out, const float *in, const float *w, const fl
     if (p.threads < 1) p = band_plan_one_row(h, (size_t)4 * co * wd); /* below the contract */
 #pragma omp parallel for schedule(static) num_threads(p.threads) if (p.threads > 1)
     for (int bi = 0; bi < p.bands; bi++) {
-        int y0 = bi * p.rows, rows = h - y0 < p.rows ? h - y0 : p.rows;
+        int y0 = band_start(&p, h, bi), rows = band_rows(&p, h, bi);
         int npix = rows * wd;
         float *t = ws + (size_t)conv_thread_id() * p.slice; /* (4co, npix) */
         /* t = w^T, w stored (ci, 4co), @ in[:, band] (ci, npix; row stride h*wd) */
