@@ -54,8 +54,7 @@ static int conv_thread_id(void)
 
 /* A band split: bands of at most rows rows (band i is rows [i*n/bands,
  * (i+1)*n/bands) of n, so they differ by one row at most), threads, and the
- * scratch floats per thread (slice = per_row * rows + fixed, which callers
- * keep 16-aligned). */
+ * scratch floats per thread (slice = per_row * rows + fixed). */
 typedef struct {
     int rows, bands, threads;
     size_t slice;
@@ -89,15 +88,18 @@ static band_plan band_plan_make(int n_rows, int row_cols, size_t per_row, size_t
 }
 
 /* Band bi of a plan over n rows: first row and row count. */
-static int band_start(const band_plan *p, int n, int bi) { return (int)((long long)bi * n / p->bands); }
+static int band_start(const band_plan *p, int n, int bi)
+{
+    return (int)((long long)bi * n / p->bands);
+}
 
 static int band_rows(const band_plan *p, int n, int bi)
 {
     return band_start(p, n, bi + 1) - band_start(p, n, bi);
 }
 
-/* One row per band on one thread: what a workspace under one row's worth
- * (which the callers' contract rules out) gets, as before bands per thread. */
+/* One row per band on one thread: for a workspace under one row, which the
+ * callers' contract rules out (the code before bands per thread did this). */
 static band_plan band_plan_one_row(int n_rows, size_t per_row)
 {
     band_plan p = {1, n_rows, 1, per_row};
