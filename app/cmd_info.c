@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "image_resize.h"
 #include "model_file.h"
 
 static const char info_help[] =
@@ -53,17 +54,12 @@ static void fmt_bytes(char *buf, size_t n, double b)
 }
 
 /* The engine's geometry (app/engine.c plan_geometry): resize so the short
- * side is short_side (round half up), pad to pad_multiple and whole patches. */
+ * side is short_side (round half up; the long side capped at long_side), pad
+ * to pad_multiple and whole patches. */
 static void print_grid(const ms_config *c, int w, int h, const char *what)
 {
-    int rh = h, rw = w;
-    if (c->short_side > 0) {
-        double scale = (double)c->short_side / (h < w ? h : w);
-        rh = (int)floor(h * scale + 0.5);
-        rw = (int)floor(w * scale + 0.5);
-        if (rh < 1) rh = 1;
-        if (rw < 1) rw = 1;
-    }
+    int rh, rw;
+    image_keep_ratio_size(&rh, &rw, h, w, c->short_side, c->long_side);
     int m = c->pad_multiple > 0 ? c->pad_multiple : 1, p = c->patch_size;
     int ph = (rh + m - 1) / m * m, pw = (rw + m - 1) / m * m;
     ph = (ph + p - 1) / p * p;
@@ -179,12 +175,17 @@ int cmd_info(int argc, char **argv)
     if (c->ignore_index >= 0) printf(", ignore index %d", c->ignore_index);
     printf("\n  position embedding     trained at a %d x %d token grid (rows x cols; bicubic to others)\n",
            c->pos_grid[0], c->pos_grid[1]);
-    if (c->short_side > 0)
+    if (c->short_side > 0 && c->long_side > 0)
+        printf("  working size           short side %d, long side at most %d, padded to a "
+               "multiple of %d\n", c->short_side, c->long_side, c->pad_multiple);
+    else if (c->short_side > 0)
         printf("  working size           short side %d, padded to a multiple of %d\n",
                c->short_side, c->pad_multiple);
     else
         printf("  working size           the image's own, padded to a multiple of %d\n",
                c->pad_multiple);
+    if (c->resize_cv2_uint8)
+        printf("  input resize           the 8-bit image, as OpenCV's INTER_LINEAR (cv2_uint8)\n");
     if (c->short_side > 0) {
         int s = c->short_side;
         print_grid(c, s, s, "square image:");

@@ -306,6 +306,12 @@ static ms_status parse_input(ms_config *c, const cJSON *root)
      * or pad multiple would make every (or a tiny) image a huge network input. */
     MS_TRY(get_int(&c->short_side, in, "short_side", "input.short_side", false, 0, 1, 4096));
     MS_TRY(get_int(&c->pad_multiple, in, "pad_multiple", "input.pad_multiple", false, 16, 1, 256));
+    /* mmcv's keep-ratio cap on the long side (Resize scale (long, short)) */
+    MS_TRY(get_int(&c->long_side, in, "long_side", "input.long_side", false, 0, 1, 16384));
+    static const char *const resizes[] = {"float", "cv2_uint8"};
+    int rs = 0;
+    MS_TRY(get_enum(&rs, in, "resize", "input.resize", 0, resizes, 2));
+    c->resize_cv2_uint8 = rs == 1;
     static const char *const padded[] = {"crop", "resize"};
     int pl = 0;
     MS_TRY(get_enum(&pl, in, "padded_logits", "input.padded_logits", 0, padded, 2));

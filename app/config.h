@@ -48,6 +48,11 @@ typedef struct {
     /* input */
     float mean[3], stdv[3];
     int short_side;         /* 0: native size */
+    int long_side;          /* 0: none; else the working size's long side at most this
+                             * (mmcv keep_ratio: s = min(short/min(h,w), long/max(h,w))) */
+    bool resize_cv2_uint8;  /* "cv2_uint8": the uint8 image resized as OpenCV's
+                             * INTER_LINEAR does (mmseg), then normalised;
+                             * "float" (default): the float image, bilinear */
     int pad_multiple;
     bool padded_logits_resize; /* "resize": padded logits straight to the unpadded size (mmseg) */
     int slide_crop[2];      /* sliding-window test (mmseg slide_inference) on the working-size */

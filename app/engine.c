@@ -17,6 +17,7 @@
 #include "../decoder/decoder.h"
 #include "../kernels/elementwise.h" /* slide_windows, slide_start */
 #include "../kernels/pool.h"
+#include "image_resize.h"
 #include "model_file.h"
 #ifdef MS_HAVE_CUDA
 #include "../kernels/cuda_ctx.h"
@@ -36,7 +37,9 @@ typedef struct {
     float *pos;             /* (n, C) resized position embedding, in act */
     size_t act_base;        /* act mark after pos: reset point for each run */
     size_t bytes;           /* what the plan holds: arena, staging, results */
-    float *host_in;         /* (B, 3, h, w) planar input staging, host */
+    float *host_in;         /* (B, 3, ih, iw) planar input staging, host */
+    uint8_t *host_u8;       /* (rh, rw, 3) one image resized as OpenCV does, or NULL */
+    void *resize_scratch;   /* image_resize_u8_rgb's tables and rows, or NULL */
     float *host_net;        /* CUDA: (classes, h0, w0) host copy of one image's
                              * network logits, for the finiteness check */
 } engine_plan;
@@ -470,6 +473,8 @@ static void plan_free(engine_plan *pl)
 {
     arena_free(&pl->act);
     ms_free(pl->host_in);
+    ms_free(pl->host_u8);
+    ms_free(pl->resize_scratch);
     ms_free(pl->host_net);
     memset(pl, 0, sizeof *pl);
 }
@@ -518,6 +523,10 @@ void mita_landmark_window(int *r0, int *r1, int *c0, int *c1, int m, int hp, int
 typedef struct {
     int batch;              /* images in the pass, all h x w */
     int h, w, rh, rw, ph, pw, hp, wp, n;
+    /* The staged input's size: the image's, or with input.resize cv2_uint8
+     * the working size (resized on the host as uint8 before staging). */
+    int ih, iw;
+    bool u8_resize;
     int ncls, seq;          /* class tokens (0 or 1); seq = ncls + n tokens */
     /* Sliding windows on the working-size image (mmseg slide_inference):
      * ny x nx windows of wh x ww at strides sh, sw; ph..n above are one
@@ -534,14 +543,10 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
 {
     memset(g, 0, sizeof *g);
     g->batch = batch;
-    g->h = h, g->w = w, g->rh = h, g->rw = w;
-    if (c->short_side > 0) {
-        double scale = (double)c->short_side / (h < w ? h : w);
-        g->rh = (int)floor(h * scale + 0.5);
-        g->rw = (int)floor(w * scale + 0.5);
-        if (g->rh < 1) g->rh = 1;
-        if (g->rw < 1) g->rw = 1;
-    }
+    g->h = h, g->w = w;
+    image_keep_ratio_size(&g->rh, &g->rw, h, w, c->short_side, c->long_side);
+    g->u8_resize = c->resize_cv2_uint8 && (g->rh != h || g->rw != w);
+    g->ih = g->u8_resize ? g->rh : h, g->iw = g->u8_resize ? g->rw : w;
     g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
     g->record = opt->record && g->attention == MS_ATTN_MITA;
     g->keep_blocks = opt->keep_blocks;
@@ -644,7 +649,7 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     const int C = c->embed_dim, heads = c->num_heads, K = c->n_classes, B = g->batch;
     const int M = g->mita.gh * g->mita.gw, k = g->mita.topk, NW = g->nwin;
     const size_t px = (size_t)g->h * g->w, in_px = (size_t)g->ph * g->pw;
-    const size_t rpx = (size_t)g->rh * g->rw;
+    const size_t rpx = (size_t)g->rh * g->rw, ipx = (size_t)g->ih * g->iw;
 #define ALLOC(ptr, bytes)                                          \
     do {                                                           \
         (ptr) = arena_alloc(act, (bytes));                         \
@@ -663,25 +668,27 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     }
     rb->blocks = NULL;
     if (g->keep_blocks) ALLOC(rb->blocks, (size_t)B * c->depth * g->n * C * sizeof(float));
-    /* Input: planar (B, 3, h, w) staged on the host, then per image resized,
- * and per window cut out, normalised, padded into (B*NW, 3, ph, pw). */
+    /* Input: planar (B, 3, ih, iw) staged on the host, then per image resized
+     * (unless staged at the working size), and per window cut out,
+     * normalised, padded into (B*NW, 3, ph, pw). */
     float *raw = pl->host_in, *resized = NULL, *win = NULL; /* the CPU reads the staging in place */
     ALLOC(rb->input, (size_t)B * NW * 3 * in_px * sizeof(float));
 #ifdef MS_HAVE_CUDA
     if (be->device == MS_DEVICE_CUDA) {
-        ALLOC(raw, (size_t)B * 3 * px * sizeof(float));
+        ALLOC(raw, (size_t)B * 3 * ipx * sizeof(float));
         if (!be->dry_run)
-            MS_TRY(cuda_copy_h2d(e->cu, raw, pl->host_in, (size_t)B * 3 * px * sizeof(float)));
+            MS_TRY(cuda_copy_h2d(e->cu, raw, pl->host_in, (size_t)B * 3 * ipx * sizeof(float)));
     }
 #endif
-    bool resized_in = g->rh != g->h || g->rw != g->w;
+    const bool resized_in = g->rh != g->ih || g->rw != g->iw;
+    const bool resized_out = g->rh != g->h || g->rw != g->w; /* logits back to the image */
     if (resized_in) ALLOC(resized, 3 * rpx * sizeof(float)); /* one image */
     if (g->slide) ALLOC(win, (size_t)3 * g->wh * g->ww * sizeof(float));
     const int64_t in_shape[3] = {3, g->ph, g->pw};
     for (int b = 0; b < B; b++) {
-        const float *raw_b = raw ? raw + b * 3 * px : NULL; /* (3, h, w); NULL when sizing */
+        const float *raw_b = raw ? raw + b * 3 * ipx : NULL; /* (3, ih, iw); NULL when sizing */
         if (resized_in)
-            MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->h, g->w, g->rh, g->rw, 0, 0));
+            MS_TRY(op_resize_bilinear(be, resized, raw_b, 3, g->ih, g->iw, g->rh, g->rw, 0, 0));
         const float *src = resized_in ? resized : raw_b; /* (3, rh, rw) */
         for (int wi = 0; wi < NW; wi++) {
             float *input_b = rb->input + ((size_t)b * NW + wi) * 3 * in_px; /* (3, ph, pw) */
@@ -719,7 +726,7 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
         float *logits_b = rb->logits ? rb->logits + b * K * px : NULL; /* (K, h, w) */
         uint8_t *mask_b = rb->mask + b * px; /* (h, w) */
         /* logits at the working size, unpadded (the image's when not resized) */
-        float *work = resized_in ? NULL : logits_b; /* (K, rh, rw) */
+        float *work = resized_out ? NULL : logits_b; /* (K, rh, rw) */
         if (!work) ALLOC(work, (size_t)K * rpx * sizeof(float));
         float *net_logits, *wl = NULL;
         ALLOC(net_logits, (size_t)K * h0 * w0 * sizeof(float));
@@ -748,11 +755,11 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
         if (g->slide)
             MS_TRY(op_window_average(be, work, K, g->rh, g->rw, g->wh, g->ww, g->sh, g->sw));
         if (logits_b) {
-            if (resized_in)
+            if (resized_out)
                 MS_TRY(op_resize_bilinear(be, logits_b, work, K, g->rh, g->rw, g->h, g->w, 0, 0));
             MS_TRY(trace_emit(be, tr, "logits", logits_b, 3, lg_shape));
             MS_TRY(op_argmax(be, mask_b, logits_b, K, g->h, g->w));
-        } else if (!resized_in) {
+        } else if (!resized_out) {
             MS_TRY(op_argmax(be, mask_b, work, K, g->h, g->w));
         } else {
             /* The same resize, a band of rows at a time, then its argmax. */
@@ -823,7 +830,10 @@ static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_b
     }
     int h0, w0;
     neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
-    *host_bytes = (size_t)g->batch * 3 * g->h * g->w * sizeof(float) + result_bytes(g, e->cfg) +
+    *host_bytes = (size_t)g->batch * 3 * g->ih * g->iw * sizeof(float) + result_bytes(g, e->cfg) +
+                  (g->u8_resize ? (size_t)g->rh * g->rw * 3 +
+                                      image_resize_u8_scratch(g->w, g->h, g->rw, g->rh)
+                                : 0) +
                   (be->device == MS_DEVICE_CUDA ? (size_t)e->cfg->n_classes * h0 * w0 * 4 : 0);
     return st;
 }
@@ -881,9 +891,20 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
 
     ms_backend *be = &e->be;
     ms_arena *act = &pl->act;
-    size_t in_bytes = (size_t)g->batch * 3 * g->h * g->w * sizeof(float);
+    size_t in_bytes = (size_t)g->batch * 3 * g->ih * g->iw * sizeof(float);
     pl->host_in = ms_malloc(in_bytes);
     MS_CHECK_ALLOC(pl->host_in, in_bytes);
+    if (g->u8_resize) {
+        size_t u8_bytes = (size_t)g->rh * g->rw * 3;
+        size_t scratch = image_resize_u8_scratch(g->w, g->h, g->rw, g->rh);
+        pl->host_u8 = ms_malloc(u8_bytes);
+        pl->resize_scratch = ms_malloc(scratch);
+        if (!pl->host_u8 || !pl->resize_scratch) {
+            plan_free(pl);
+            return ms_error(MS_ERR_OOM, "out of memory: %zu bytes for resizing a %dx%d image",
+                            u8_bytes + scratch, g->w, g->h);
+        }
+    }
     ms_status st = arena_init(act, act_bytes, be->device);
     if (st == MS_OK && be->device == MS_DEVICE_CUDA) {
         int h0, w0;
@@ -1054,19 +1075,25 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
         e->tta_cap = n_logits;
     }
 
-    /* Interleaved uint8 -> planar float staging, (B, 3, h, w); mirrored
-     * left-right for the TTA half. */
+    /* Interleaved uint8 -> planar float staging, (B, 3, ih, iw), resized
+     * first as OpenCV does with input.resize cv2_uint8; mirrored left-right
+     * for the TTA half (after resizing: mmseg's TTA flips the resized image). */
+    const size_t ipx = (size_t)g.ih * g.iw;
     for (int b = 0; b < passes; b++) {
-        float *dst = pl->host_in + (size_t)b * 3 * px;
-        const uint8_t *rgb = imgs[b % count]->rgb;
+        float *dst = pl->host_in + (size_t)b * 3 * ipx;
+        const uint8_t *rgb = imgs[b % count]->rgb; /* (h, w, 3), then (ih, iw, 3) */
+        if (g.u8_resize) {
+            image_resize_u8_rgb(pl->host_u8, rgb, g.w, g.h, g.rw, g.rh, pl->resize_scratch);
+            rgb = pl->host_u8;
+        }
         if (b < count) {
-            for (size_t i = 0; i < px; i++)
-                for (int ch = 0; ch < 3; ch++) dst[ch * px + i] = rgb[i * 3 + ch];
+            for (size_t i = 0; i < ipx; i++)
+                for (int ch = 0; ch < 3; ch++) dst[ch * ipx + i] = rgb[i * 3 + ch];
         } else {
-            for (int y = 0; y < g.h; y++)
-                for (int x = 0; x < g.w; x++) {
-                    size_t i = (size_t)y * g.w + x, src = (size_t)y * g.w + (g.w - 1 - x);
-                    for (int ch = 0; ch < 3; ch++) dst[ch * px + i] = rgb[src * 3 + ch];
+            for (int y = 0; y < g.ih; y++)
+                for (int x = 0; x < g.iw; x++) {
+                    size_t i = (size_t)y * g.iw + x, src = (size_t)y * g.iw + (g.iw - 1 - x);
+                    for (int ch = 0; ch < 3; ch++) dst[ch * ipx + i] = rgb[src * 3 + ch];
                 }
         }
     }

@@ -1,7 +1,10 @@
 /* Full attention on the CPU, flash-attention style: each (head, block of
  * queries) walks the keys a block at a time; one sgemm makes the score tile,
- * the online softmax rescales what was accumulated so far, a second sgemm
+ * the online softmax (base 2, one vectorised pass per row: attention_simd.c)
+ * turns it into weights against each query's running reference and rescales
+ * what was accumulated so far only when that reference moves, a second sgemm
  * adds tile @ V straight into the output. The (n, n) scores never exist.
+ * Two sgemms are about 90 % of the time.
  *
  * Threads take whole (head, query block) items and call single-threaded
  * sgemm: alternating OpenMP loops with multi-threaded OpenBLAS calls per key
@@ -11,13 +14,13 @@
 
 #include <cblas.h>
 
+#include "attention_simd.h"
 #include "gemm.h"
-#include "vmath.h"
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-static size_t chunk_floats(int qb, int kb) { return (size_t)qb * kb + 2 * (size_t)qb; }
+static size_t chunk_floats(int qb, int kb) { return (size_t)qb * kb + 3 * (size_t)qb; }
 
 size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks)
 {
@@ -28,44 +31,69 @@ size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks)
 
 /* Queries [q0, q0+nq) of head h. */
 static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int n, int c,
-                            int d, int h, int q0, int nq, int kb, float *ws /* (nq*kb + 2nq) */)
+                            int d, int h, int q0, int nq, int kb, float *ws /* (nq*kb + 3nq) */)
 {
     int ld = 3 * c;
-    float s = 1.0f / sqrtf((float)d);
+    /* logits in log2 units: the softmax takes powers of 2 (attention_simd.h) */
+    float s = 1.44269504088896341f / sqrtf((float)d);
     float *tile = ws;                     /* (nq, kb) scores, then probabilities */
-    float *mrun = ws + (size_t)nq * kb;   /* (nq) running max of each query's logits */
-    float *lrun = mrun + nq;              /* (nq) running sum of exp(logit - max) */
+    float *mrun = ws + (size_t)nq * kb;   /* (nq) running reference max (attention_simd.h) */
+    float *lrun = mrun + nq;              /* (nq) running sum of 2^(value - reference) */
+    float *corr = lrun + nq;              /* (nq) this tile's rescale of each output row */
     float *o = out + (size_t)q0 * c + (size_t)h * d; /* (nq, d), row stride c */
     for (int i = 0; i < nq; i++) {
-        for (int j = 0; j < d; j++) o[(size_t)i * c + j] = 0.0f;
         mrun[i] = -INFINITY;
         lrun[i] = 0.0f;
     }
     for (int k0 = 0; k0 < n; k0 += kb) {
         int nk = n - k0 < kb ? n - k0 : kb;
-        /* tile = s * Q[q0:q0+nq] K[k0:k0+nk]^T */
+        /* tile = s * Q[q0:q0+nq] K[k0:k0+nk]^T, s = log2(e) / sqrt(d) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, s,
                     qkv + (size_t)q0 * ld + (size_t)h * d, ld,
                     qkv + (size_t)k0 * ld + c + (size_t)h * d, ld, 0.0f, tile, nk);
-        for (int i = 0; i < nq; i++) {
+        /* one pass per row (after the first tile): exponentials, max, sum;
+         * the output rows are rescaled only where the reference max moved
+         * (the first tile overwrites them: beta 0) */
+        int left = attn_tile_softmax(tile, nq, nk, mrun, lrun, corr);
+        for (int i = 0; left > 0 && i < nq; i++) {
+            if (corr[i] == corr[i]) continue; /* not NaN: done */
+            /* a logit far above the running max (it moved by over 2^64 in
+             * one tile), a NaN or an infinity: the row's logits again */
             float *row = tile + (size_t)i * nk;
-            float mx = row[argmax_first(row, nk, 1)];
-            float m_new = mrun[i] > mx ? mrun[i] : mx;
-            float corr = softmax_rescale(mrun[i], m_new);
-            float sum = vm_exp_sum(row, nk, 1.0f, m_new);
-            lrun[i] = lrun[i] * corr + sum;
-            mrun[i] = m_new;
-            float *oi = o + (size_t)i * c;
-            for (int j = 0; j < d; j++) oi[j] *= corr;
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, nk, d, s,
+                        qkv + (size_t)k0 * ld + c + (size_t)h * d, ld,
+                        qkv + (size_t)(q0 + i) * ld + (size_t)h * d, 1, 0.0f, row, 1);
+            attn_row_softmax(row, nk, &mrun[i], &lrun[i], &corr[i]);
+            left--;
         }
-        /* o += tile @ V[k0:k0+nk] */
+        if (k0 > 0) attn_scale_rows(o, nq, d, c, corr);
+        /* o = (k0 > 0) o + tile @ V[k0:k0+nk] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, tile, nk,
-                    qkv + (size_t)k0 * ld + 2 * c + (size_t)h * d, ld, 1.0f, o, c);
+                    qkv + (size_t)k0 * ld + 2 * c + (size_t)h * d, ld, k0 > 0 ? 1.0f : 0.0f, o,
+                    c);
     }
-    for (int i = 0; i < nq; i++) {
-        float inv = 1.0f / lrun[i];
-        for (int j = 0; j < d; j++) o[(size_t)i * c + j] *= inv;
+    for (int i = 0; i < nq; i++) corr[i] = 1.0f / lrun[i];
+    attn_scale_rows(o, nq, d, c, corr);
+}
+
+/* Query blocks per head: the fewest of at most qb queries, or up to 4x as
+ * many where (head, block) items would leave threads idle at the end: at
+ * n = 690 (a CamVid frame) one block per head is 3 items for 2 threads, a
+ * third of the second thread's time idle; 2 blocks per head are 6 items. */
+static int query_blocks(int n, int heads, int qb, int chunks)
+{
+    int nb0 = (n + qb - 1) / qb, best = nb0;
+    double best_use = 0.0;
+    for (int nb = nb0; nb <= 4 * nb0 && nb <= n; nb++) {
+        int items = heads * nb, rounds = (items + chunks - 1) / chunks;
+        double use = (double)items / ((double)rounds * chunks); /* busy share of thread time */
+        if (use > best_use + 1e-9) {
+            best_use = use;
+            best = nb;
+        }
+        if (use >= 0.9) break;
     }
+    return best;
 }
 
 void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, int qb, int kb,
@@ -74,7 +102,10 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
     if (qb > n) qb = n;
     if (kb > n) kb = n;
     int d = c / heads;
-    int qblocks = (n + qb - 1) / qb;
+    size_t stride = chunk_floats(qb, kb); /* per thread, as scratch_floats counted */
+    int qblocks = query_blocks(n, heads, qb, chunks);
+    qb = (n + qblocks - 1) / qblocks;
+    qblocks = (n + qb - 1) / qb;
     int items = heads * qblocks;
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
 #pragma omp parallel num_threads(chunks)
@@ -83,7 +114,7 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
 #ifdef _OPENMP
         t = omp_get_thread_num();
 #endif
-        float *tws = ws + chunk_floats(qb, kb) * (size_t)t;
+        float *tws = ws + stride * (size_t)t;
 #pragma omp for schedule(dynamic)
         for (int it = 0; it < items; it++) {
             int h = it / qblocks, q0 = (it % qblocks) * qb;

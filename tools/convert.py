@@ -25,7 +25,9 @@ token goes through every block); patch_bias=False (mmseg 1.x's default: no
 projection bias, converted as a zero bias); mmseg's test-time padding (the ViT
 pads to whole patches and the padded logits are resized straight to the image,
 input.padded_logits = "resize"); its sliding-window test (input.slide, crop
-and stride) and working size (input.short_side). The MultiLevelNeck must use
+and stride) and working size (input.short_side, and input.long_side: mmcv's
+keep-ratio Resize scale (long, short)); its resize of the uint8 image with
+OpenCV before normalising (input.resize = "cv2_uint8"). The MultiLevelNeck must use
 scales [4, 2, 1, 0.5] (mmseg's UperNet-ViT configs), the ViT no pre_norm, no
 patch_norm, no LayerScale; anything else stops with an error.
 
@@ -479,7 +481,7 @@ def _mm_file_key(k):
 # _base_/models/upernet_vit-b16_ln_mln.py: test_cfg=dict(mode='whole')). Other
 # ADE20K configs (SETR, ConvNeXt, Swin) slide 512 at stride 341: a checkpoint
 # that carries such a config gets its window from there, or pass --slide.
-ADE20K_TEST = {"short_side": 512, "slide": None}
+ADE20K_TEST = {"short_side": 512, "long_side": 2048, "slide": None}
 
 
 def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text=""):
@@ -592,13 +594,16 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
     # Test-time geometry as mmseg runs it: flags, else the training config,
     # else ADE20K's set-up for an ADE20K head (150 classes, meta names).
     short_side, slide = opts.get("short_side"), opts.get("slide")
+    long_side = opts.get("long_side")
     ade = K == 150 and (meta_classes or [""])[0] == "wall"
     if short_side is None and "resize_scale" in facts:
-        short_side = min(facts["resize_scale"])
+        # mmcv keep_ratio with scale (long, short): both sides bound the size
+        short_side, long_side = min(facts["resize_scale"]), long_side or max(facts["resize_scale"])
     if slide is None and "slide" in facts:
         slide = facts["slide"]
     if ade and short_side is None and slide is None and not facts:
         short_side, slide = ADE20K_TEST["short_side"], ADE20K_TEST["slide"]
+        long_side = long_side or ADE20K_TEST["long_side"]
         note("%s: an ADE20K head: mmseg's ADE20K ViT-UperNet test set-up (short side 512, "
              "whole image) written as the model's default" % path)
     if slide == "none":
@@ -621,12 +626,16 @@ def convert_mmseg(sd, path, opts, meta_classes=None, meta_palette=None, cfg_text
         "ignore_index": opts.get("ignore_index"),
         "input": {"mean": list(R.IMAGENET_MEAN), "std": list(R.IMAGENET_STD),
                   "short_side": short_side, "pad_multiple": pad_multiple,
-                  "padded_logits": padded_logits},
+                  "padded_logits": padded_logits,
+                  # mmcv.imresize: OpenCV on the uint8 image, before normalising
+                  "resize": opts.get("resize") or "cv2_uint8"},
         "provenance": "converted from %s (mmsegmentation UperNet ViT) by tools/convert.py"
                       % os.path.basename(path),
     }
     if slide:
         cfg["input"]["slide"] = slide
+    if short_side and long_side:
+        cfg["input"]["long_side"] = long_side
     cfg = R.complete_config(cfg)
 
     # Every tensor the model needs, with its shape; nothing left over.
@@ -742,6 +751,12 @@ def main(argv=None):
     m.add_argument("--palette", default=None, help="file: JSON [[r,g,b],...] or `r g b` lines")
     m.add_argument("--ignore-index", type=int, default=None)
     m.add_argument("--short-side", type=int, default=None, help="working size (default: native)")
+    m.add_argument("--long-side", type=int, default=None,
+                   help="cap on the working size's long side, mmcv keep_ratio's scale (long, "
+                        "short) (default: the config's Resize scale, else none)")
+    m.add_argument("--resize", choices=["cv2_uint8", "float"], default="cv2_uint8",
+                   help="cv2_uint8: resize the uint8 image exactly as mmseg does (OpenCV "
+                        "INTER_LINEAR), the default; float: mitaseg's bilinear on the float image")
     m.add_argument("--dtype", choices=["F32", "F16", "BF16"], default="F32")
     args = ap.parse_args(argv)
 
@@ -771,6 +786,7 @@ def main(argv=None):
             "classes": _read_classes(args.classes) if args.classes else None,
             "palette": _read_palette(args.palette) if args.palette else None,
             "ignore_index": args.ignore_index, "short_side": args.short_side,
+            "long_side": args.long_side, "resize": args.resize,
             "cls_token": None if args.cls_token is None else args.cls_token == "on",
             "padded_logits": args.padded_logits, "slide": _parse_slide(args.slide),
         }

@@ -28,7 +28,8 @@ Stage names recorded by MitaSeg.forward(x, stages=dict) (batch dim first):
   mita-spec 2.7 reports them: grid tokens 0..N-1, the class token N (last).
 segment() adds: image, input, logits (B,classes,H,W), mask (B,H,W).
 Config keys this file reads beyond complete_config's: backbone.cls_token,
-input.padded_logits ("crop" | "resize"), input.slide ({crop, stride}).
+input.padded_logits ("crop" | "resize"), input.slide ({crop, stride}),
+input.resize ("float" | "cv2_uint8"), input.long_side (int or null).
 """
 
 import copy
@@ -567,24 +568,83 @@ class MitaSeg(nn.Module):
 # --------------------------------------------------------------------------
 
 def working_size(H, W, cfg):
-    """(rh, rw): the size the image is resized to before padding."""
-    ss = cfg["input"]["short_side"]
+    """(rh, rw): the size the image is resized to before padding: mmcv's
+    keep-ratio rescale, s = min(short_side / min(H, W), long_side / max(H, W))
+    (the long side's term only with input.long_side), each side int(x*s + 0.5),
+    at least 1."""
+    ss, ls = cfg["input"]["short_side"], cfg["input"].get("long_side")
     if not ss:
         return H, W
     scale = ss / min(H, W)
-    return int(math.floor(H * scale + 0.5)), int(math.floor(W * scale + 0.5))
+    if ls:
+        scale = min(scale, ls / max(H, W))
+    return max(1, int(math.floor(H * scale + 0.5))), max(1, int(math.floor(W * scale + 0.5)))
 
 
-def normalise(img, cfg, dtype=torch.float32):
+def resize_uint8_cv2(img, size):
+    """uint8 (H, W, C) -> (h, w, C) as OpenCV's cv2.resize(img, (w, h),
+    interpolation=INTER_LINEAR) computes it for 8-bit images (mmcv.imresize in
+    mmseg's test pipeline), bit for bit: source coordinate (x + 0.5) * (1 /
+    (w / W)) - 0.5 in double rounded to float, weights rint(f * 2048) (11
+    bits), columns outside the image clamped with weight (1, 0), rows clamped
+    when read; a horizontal pass in exact integers, then the vertical
+    rounding of OpenCV's vectorised loop: ((b0 * (h0 >> 4)) >> 16) +
+    ((b1 * (h1 >> 4)) >> 16), (+ 2) >> 2. An exact 2x reduction is OpenCV's
+    2x2 mean, (a + b + c + d + 2) >> 2; an unchanged size a copy."""
+    a = np.asarray(img)
+    H, W = a.shape[:2]
+    h, w = size
+    if (h, w) == (H, W):
+        return a.copy()
+    sx_scale, sy_scale = 1.0 / (w / W), 1.0 / (h / H)
+    if abs(sx_scale - 2) < np.finfo(np.float64).eps and abs(sy_scale - 2) < np.finfo(np.float64).eps:
+        s = a.astype(np.int64)
+        return ((s[0::2, 0::2] + s[0::2, 1::2] + s[1::2, 0::2] + s[1::2, 1::2] + 2) >> 2).astype(np.uint8)
+
+    def coeffs(n, scale):
+        f = ((np.arange(n) + 0.5) * scale - 0.5).astype(np.float32)
+        i = np.floor(f).astype(np.int64)
+        return i, (f - i.astype(np.float32)).astype(np.float32)
+
+    def weights(f):
+        one = np.float32(2048)
+        return np.rint((np.float32(1) - f) * one).astype(np.int64), np.rint(f * one).astype(np.int64)
+
+    sx, fx = coeffs(w, sx_scale)
+    out = (sx < 0) | (sx >= W - 1)
+    fx[out] = 0
+    sx = np.clip(sx, 0, W - 1)
+    a0, a1 = weights(fx)
+    sy, fy = coeffs(h, sy_scale)
+    b0, b1 = weights(fy)
+    s = a.astype(np.int64)
+    rows = s[:, sx] * a0[None, :, None] + s[:, np.minimum(sx + 1, W - 1)] * a1[None, :, None]
+    h0, h1 = rows[np.clip(sy, 0, H - 1)], rows[np.clip(sy + 1, 0, H - 1)]
+    v = (((b0[:, None, None] * (h0 >> 4)) >> 16) + ((b1[:, None, None] * (h1 >> 4)) >> 16) + 2) >> 2
+    return np.clip(v, 0, 255).astype(np.uint8)
+
+
+def normalise(img, cfg, dtype=torch.float32, mirror=False):
     """img uint8 (H, W, 3) RGB (numpy or tensor) -> ((1, 3, rh, rw), (rh, rw)):
-    resized (bilinear, align_corners=False, no antialias, on the float image)
-    so the short side is input.short_side, then normalised. Not padded."""
+    resized to the working size, then normalised. Not padded. input.resize
+    "float" (default): bilinear, align_corners=False, no antialias, on the
+    float image; "cv2_uint8": the uint8 image as OpenCV resizes it
+    (resize_uint8_cv2), as mmseg's test pipeline does. mirror: the image
+    mirrored left-right (before a float resize, after a cv2_uint8 one, as
+    the engine and mmseg's flip TTA do)."""
     cfg = complete_config(cfg)
-    t = img if torch.is_tensor(img) else torch.as_tensor(np.asarray(img))   # tensor: traceable
-    t = t.to(dtype).permute(2, 0, 1).unsqueeze(0)                           # (1,3,H,W)
-    H, W = t.shape[-2:]
+    H, W = np.asarray(img).shape[:2] if not torch.is_tensor(img) else img.shape[:2]
     rh, rw = working_size(H, W, cfg)
-    t = resize(t, (rh, rw))
+    if cfg["input"].get("resize", "float") == "cv2_uint8":
+        a = resize_uint8_cv2(np.asarray(img), (rh, rw))
+        t = torch.as_tensor(np.ascontiguousarray(a[:, ::-1] if mirror else a))
+        t = t.to(dtype).permute(2, 0, 1).unsqueeze(0)
+    else:
+        if mirror:
+            img = np.ascontiguousarray(np.asarray(img)[:, ::-1])
+        t = img if torch.is_tensor(img) else torch.as_tensor(np.asarray(img))   # tensor: traceable
+        t = t.to(dtype).permute(2, 0, 1).unsqueeze(0)                           # (1,3,H,W)
+        t = resize(t, (rh, rw))
     mean = torch.tensor(cfg["input"]["mean"], dtype=dtype).view(1, 3, 1, 1)
     std = torch.tensor(cfg["input"]["std"], dtype=dtype).view(1, 3, 1, 1)
     return (t - mean) / std, (rh, rw)
@@ -598,13 +658,13 @@ def pad_input(t, cfg, size):
     return F.pad(t, (0, -(-w // pm) * pm - w, 0, -(-h // pm) * pm - h))
 
 
-def preprocess(img, cfg, dtype=torch.float32):
+def preprocess(img, cfg, dtype=torch.float32, mirror=False):
     """img uint8 (H, W, 3) RGB (numpy or tensor) -> (input (1,3,ph,pw), (rh, rw)).
 
-    Resize (bilinear, align_corners=False, no antialias) the float image so the
-    short side is input.short_side; normalise; zero-pad right/bottom to a
-    multiple of pad_multiple."""
-    t, size = normalise(img, cfg, dtype)
+    Resize to the working size (normalise(): the float image bilinearly, or
+    the uint8 image as OpenCV does with input.resize cv2_uint8); normalise;
+    zero-pad right/bottom to a multiple of pad_multiple."""
+    t, size = normalise(img, cfg, dtype, mirror)
     return pad_input(t, cfg, size), size
 
 
@@ -668,12 +728,13 @@ def segment(model, img, attn=None, stages=None, whole=False, tta=None):
     H, W = np.asarray(img).shape[:2]
     slide = model.cfg["input"].get("slide")
 
-    def run(image, st):
-        """(network input, logits (1,K,H,W)) of one image."""
+    def run(image, st, mirror=False):
+        """(network input, logits (1,K,H,W)) of one image (mirrored: of its
+        mirror image)."""
         if slide and not whole:
-            x, _ = normalise(image, model.cfg, dtype)
+            x, _ = normalise(image, model.cfg, dtype, mirror)
             return x, resize(slide_logits(model, x, slide, attn), (H, W))
-        x, rsize = preprocess(image, model.cfg, dtype)
+        x, rsize = preprocess(image, model.cfg, dtype, mirror)
         head = model(x, attn=attn, stages=st)
         logits, _ = postprocess(head, x.shape[-2:], rsize, (H, W),
                                 model.cfg["input"].get("padded_logits", "crop"))
@@ -681,7 +742,7 @@ def segment(model, img, attn=None, stages=None, whole=False, tta=None):
 
     x, logits = run(img, stages)
     if tta == "flip":
-        _, mirrored = run(np.ascontiguousarray(np.asarray(img)[:, ::-1]), None)
+        _, mirrored = run(img, None, mirror=True)
         logits = 0.5 * (logits + mirrored.flip(-1))
     elif tta is not None:
         raise ValueError("tta must be None or 'flip'")

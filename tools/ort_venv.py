@@ -8,7 +8,9 @@ available"); Debian's numpy 1.24 already satisfies the pin.
 
   /usr/bin/python3 tools/ort_venv.py      makes it (if needed), prints its python
 
-ensure() returns (python path, None) or (None, why it cannot be made).
+ensure() returns (python path, None) or (None, why it cannot be made); with
+other arguments it makes other benchmark venvs the same way
+(bench/bench_attention.py's PyTorch 2.x).
 Also here, without torch, for every user of ONNX Runtime (the export check,
 the benchmark's worker and driver): session() with the settings the
 benchmark states, and rel_error().
@@ -22,6 +24,11 @@ REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_DIR = os.path.join(REPO_DIR, "build-bench-venv")
 BASE_PYTHON = "/usr/bin/python3"
 PACKAGES = ["onnxruntime>=1.17", "onnx>=1.15", "numpy<2"]
+# Run by the new venv's python: must import what the venv is for and print
+# the versions (kept in DONE_MARK).
+CHECK = ("import onnxruntime, onnx, numpy, torch; "
+         "print('onnxruntime', onnxruntime.__version__, 'onnx', onnx.__version__,"
+         " 'numpy', numpy.__version__, 'torch', torch.__version__)")
 # Marks a finished install: a venv cut short (timeout, no network) is never used.
 DONE_MARK = "mitaseg-packages.txt"
 
@@ -30,7 +37,7 @@ def venv_python(venv_dir=VENV_DIR):
     return os.path.join(venv_dir, "bin", "python")
 
 
-def ensure(venv_dir=VENV_DIR, timeout_s=900):
+def ensure(venv_dir=VENV_DIR, timeout_s=900, packages=PACKAGES, check=CHECK, system_site=True):
     """Makes the venv once. The install goes into a temporary folder that is
     renamed into place only when complete, so a killed or failed install
     leaves nothing half-made (python finds its venv from pyvenv.cfg next to
@@ -43,10 +50,11 @@ def ensure(venv_dir=VENV_DIR, timeout_s=900):
         return None, "%s not found (Debian's python3 with python3-torch)" % BASE_PYTHON
     tmp = "%s.tmp-%d" % (venv_dir, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
-    steps = [[BASE_PYTHON, "-m", "venv", "--system-site-packages", tmp],
+    steps = [[BASE_PYTHON, "-m", "venv"] + (["--system-site-packages"] if system_site else [])
+             + [tmp],
              [venv_python(tmp), "-m", "pip", "install", "-q", "--disable-pip-version-check",
               "--timeout", "30", "--retries", "2"]
-             + PACKAGES]
+             + list(packages)]
     try:
         for cmd in steps:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -54,10 +62,7 @@ def ensure(venv_dir=VENV_DIR, timeout_s=900):
             if r.returncode != 0:
                 tail = r.stdout.strip().splitlines()[-1:] or ["exit %d" % r.returncode]
                 return None, "'%s' failed: %s" % (" ".join(cmd[:4]), tail[0])
-        r = subprocess.run([venv_python(tmp), "-c",
-                            "import onnxruntime, onnx, numpy, torch; "
-                            "print('onnxruntime', onnxruntime.__version__, 'onnx', onnx.__version__,"
-                            " 'numpy', numpy.__version__, 'torch', torch.__version__)"],
+        r = subprocess.run([venv_python(tmp), "-c", check],
                            capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             return None, "the new venv cannot import its packages: %s" % (

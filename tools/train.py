@@ -190,6 +190,33 @@ class KeySampler(torch.utils.data.Sampler):
         return len(self.keys)
 
 
+def cutmix(x, y, cm, rng):
+    """CutMix (Yun et al. 2019) for segmentation: with probability cm["prob"]
+    each sample of the batch gets a box cut from another sample, image and
+    labels alike; the box keeps a Beta(alpha, alpha) share lam of the sample,
+    so it covers 1 - lam of the area. Mixes new street layouts and objects
+    into scenes the training frames never showed together. rng: a
+    random.Random (the box draws are reproducible on resume)."""
+    if not cm or cm.get("prob", 0) <= 0 or x.shape[0] < 2:
+        return x, y
+    n, h, w = x.shape[0], x.shape[-2], x.shape[-1]
+    alpha = cm.get("alpha", 1.0)
+    src_x, src_y = x.clone(), y.clone()
+    x, y = x.clone(), y.clone()
+    for i in range(n):
+        if rng.random() >= cm["prob"]:
+            continue
+        j = (i + rng.randrange(1, n)) % n  # another sample
+        cut = math.sqrt(1.0 - rng.betavariate(alpha, alpha))
+        bh, bw = int(round(h * cut)), int(round(w * cut))
+        cy, cx = rng.randrange(h), rng.randrange(w)
+        y0, y1 = max(cy - bh // 2, 0), min(cy - bh // 2 + bh, h)
+        x0, x1 = max(cx - bw // 2, 0), min(cx - bw // 2 + bw, w)
+        x[i, ..., y0:y1, x0:x1] = src_x[j, ..., y0:y1, x0:x1]
+        y[i, y0:y1, x0:x1] = src_y[j, y0:y1, x0:x1]
+    return x, y
+
+
 def epoch_keys(rng, n, steps, bs):
     """(index, seed) for each sample of one epoch: a shuffled order, drop-last batches."""
     order = list(range(n))
@@ -674,6 +701,7 @@ def main(argv=None):
         sum_aux = torch.zeros((), device=device)
         n_steps = 0
         for x, y in loader:
+            x, y = cutmix(x, y, tcfg.get("cutmix"), random.Random(seed * 1000003 + step))
             x, y = to_input(x, device, plan), y.to(device, non_blocking=True)
             with autocast(device, plan):
                 stages = {}

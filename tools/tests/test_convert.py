@@ -486,6 +486,8 @@ class TestMmseg(Tmp):
         self.assertEqual(cfg["backbone"]["num_heads"], 2)       # the backbone's, not the neck's
         self.assertFalse(cfg["backbone"].get("cls_token", False))
         self.assertEqual(cfg["input"]["short_side"], 96)
+        self.assertEqual(cfg["input"]["long_side"], 2048)       # Resize scale (2048, 96)
+        self.assertEqual(cfg["input"]["resize"], "cv2_uint8")   # mmcv.imresize's OpenCV
         self.assertEqual(cfg["input"]["slide"], {"crop": [48, 64], "stride": [32, 40]})
         self.assertEqual(cfg["input"]["padded_logits"], "resize")
         self.assertTrue(torch.equal(model.state_dict()["backbone.patch_embed.proj.bias"], torch.zeros(C)))
@@ -505,10 +507,12 @@ class TestMmseg(Tmp):
         self.assertEqual((inp["padded_logits"], inp["pad_multiple"]), ("crop", 32))
         # flags win over the config
         rc, _, err = self.run_cli("mmseg", src, dst, "--slide", "none", "--short-side", 80,
-                                  "--padded-logits", "crop", "--cls-token", "on")
+                                  "--padded-logits", "crop", "--cls-token", "on",
+                                  "--resize", "float", "--long-side", 300)
         self.assertEqual(rc, 0, err)
         cfg = R.load_model(dst).cfg
         self.assertNotIn("slide", cfg["input"])
+        self.assertEqual((cfg["input"]["resize"], cfg["input"]["long_side"]), ("float", 300))
         self.assertEqual((cfg["input"]["short_side"], cfg["input"]["padded_logits"]), (80, "crop"))
         self.assertTrue(cfg["backbone"]["cls_token"])
 
@@ -524,6 +528,7 @@ class TestMmseg(Tmp):
         inp = R.load_model(dst).cfg["input"]
         # mmseg's ViT-UperNet ADE20K configs test the whole image (mode='whole')
         self.assertEqual((inp["short_side"], inp.get("slide")), (512, None))
+        self.assertEqual((inp["long_side"], inp["resize"]), (2048, "cv2_uint8"))  # scale (2048, 512)
         rc, _, err = self.run_cli("mmseg", src, dst, "--num-heads", HEADS, "--slide", "512,341")
         self.assertEqual(rc, 0, err)
         inp = R.load_model(dst).cfg["input"]

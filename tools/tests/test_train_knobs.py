@@ -289,6 +289,47 @@ class TestAugmentAndSamples(unittest.TestCase):
         self.assertFalse(torch.equal(ds[epochs[0][0]][0], ds[epochs[1][0]][0]))
 
 
+class TestCutMix(unittest.TestCase):
+    def batch(self):
+        x = torch.arange(4 * 3 * 10 * 14, dtype=torch.float32).reshape(4, 3, 10, 14)
+        y = torch.arange(4).view(4, 1, 1).expand(4, 10, 14).clone().to(torch.uint8)
+        return x, y
+
+    def test_off_and_single_sample_are_identity(self):
+        x, y = self.batch()
+        for cm in (None, {}, {"prob": 0.0}):
+            a, b = T.cutmix(x, y, cm, random.Random(1))
+            self.assertTrue(torch.equal(a, x) and torch.equal(b, y))
+        a, b = T.cutmix(x[:1], y[:1], {"prob": 1.0}, random.Random(1))
+        self.assertTrue(torch.equal(a, x[:1]) and torch.equal(b, y[:1]))
+
+    def test_boxes_move_images_and_labels_together(self):
+        x, y = self.batch()
+        pasted = 0
+        for seed in range(20):
+            a, b = T.cutmix(x, y, {"prob": 1.0, "alpha": 1.0}, random.Random(seed))
+            self.assertTrue(torch.equal(x, self.batch()[0]))  # the input is not changed
+            for i in range(4):
+                # each label pixel names the sample its image pixel came from
+                src = b[i].long()
+                want = x[src, :, torch.arange(10).view(10, 1), torch.arange(14).view(1, 14)]
+                self.assertTrue(torch.equal(a[i], want.permute(2, 0, 1)))
+                other = src != i
+                pasted += int(other.sum())
+                if other.any():  # one axis-aligned box from one other sample
+                    ys, xs = torch.nonzero(other, as_tuple=True)
+                    box = other[ys.min():ys.max() + 1, xs.min():xs.max() + 1]
+                    self.assertTrue(bool(box.all()))
+                    self.assertEqual(len(torch.unique(src[other])), 1)
+        self.assertGreater(pasted, 0)
+
+    def test_reproducible(self):
+        x, y = self.batch()
+        a1, b1 = T.cutmix(x, y, {"prob": 0.5}, random.Random(7))
+        a2, b2 = T.cutmix(x, y, {"prob": 0.5}, random.Random(7))
+        self.assertTrue(torch.equal(a1, a2) and torch.equal(b1, b2))
+
+
 class TestEmaScheduleBudget(unittest.TestCase):
     def test_ema(self):
         m = torch.nn.Linear(2, 1)

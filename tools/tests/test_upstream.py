@@ -8,11 +8,16 @@ it (4 blocks, a small test image), given random weights with non-trivial
 BatchNorm statistics, and run in float64. Each is saved as the library saves
 a checkpoint (mmseg 0.x: meta.config and a projection bias; 1.x: meta.cfg,
 patch_bias=False), converted by tools/convert.py with no flag beyond
---attention full, and compared stage by stage:
+--attention full, and compared stage by stage on a PNG file that mmseg
+reads and runs through its own inference API (mmseg.apis.inference_model:
+LoadImageFromFile, its OpenCV uint8 Resize keep_ratio, PackSegInputs, the
+data preprocessor, test_step):
   - the reference (tools/mitaseg_ref.py, float64) against mmseg's own stages
-    (forward hooks), and its whole pipeline against mmseg's predict();
+    (forward hooks), and its whole pipeline against mmseg's result;
   - the engine (float32), through tests/test_golden (MS_GOLDEN_EXTRA) on a
-    golden file holding mmseg's stages.
+    golden file holding mmseg's stages and the image.
+TestOpenCVResize checks the engine's and the reference's uint8 resize
+(input.resize cv2_uint8) byte for byte against cv2.resize on a sweep of sizes.
 Run under the virtualenv tools/tests/setup_upstream_venv.sh makes
 (tests/run.sh does); skipped where the libraries are not importable.
 MS_UPSTREAM_REPORT=FILE appends the measured agreement there (README, Models).
@@ -39,6 +44,7 @@ try:
     import timm.layers
     import mmseg
     from mmengine import Config
+    from mmseg.apis import inference_model
     from mmseg.registry import MODELS
     from mmseg.structures import SegDataSample
     from mmseg.utils import register_all_modules
@@ -116,7 +122,7 @@ class TestMmseg(unittest.TestCase):
 
     # ------------------------------------------------------------ building
 
-    def build(self, config, layout="1.x", backbone=None, test_cfg=None):
+    def build(self, config, layout="1.x", backbone=None, test_cfg=None, size_divisor=None):
         """mmseg model from its shipped config, 4 blocks, BN (not SyncBN) for
         the CPU, random float64 weights. Returns (checkpoint dict, model)."""
         cfg = Config.fromfile(os.path.join(self.CFG_DIR, config))
@@ -133,6 +139,8 @@ class TestMmseg(unittest.TestCase):
             m.auxiliary_head.update(num_classes=K, norm_cfg=dict(type="BN", requires_grad=True))
         if test_cfg:
             m.test_cfg = test_cfg
+        if size_divisor:    # the data preprocessor pads at test time (mmseg crops after)
+            m.data_preprocessor.test_cfg = dict(size_divisor=size_divisor)
         for p in cfg.test_pipeline:
             if p["type"] == "Resize":
                 p["scale"] = (2048, SHORT)
@@ -149,6 +157,7 @@ class TestMmseg(unittest.TestCase):
                     "dataset_meta": {"classes": ["c%d" % i for i in range(K)]}}
         model.float()
         model.load_state_dict(sd)       # the float32 weights the checkpoint holds
+        model.cfg = cfg                 # what mmseg.apis.init_model sets: inference_model reads it
         return {"meta": meta, "state_dict": sd}, model.double().eval()
 
     def convert(self, ck, name, *flags):
@@ -161,18 +170,15 @@ class TestMmseg(unittest.TestCase):
 
     # ------------------------------------------------------------ mmseg's stages
 
-    def mmseg_stages(self, model, img, cls_token, padded_logits="resize"):
-        """mmseg's own stages on the reference's normalised working-size image
-        (mmseg resizes uint8 with OpenCV; that step alone is left out)."""
-        ours, _ = R.normalise(img, {"backbone": {"patch_size": 16, "embed_dim": 1, "depth": 1,
-                                              "num_heads": 1, "pos_grid": [1, 1]},
-                                 "classes": ["x"], "input": {"short_side": SHORT}},
-                           torch.float64)
-        rh, rw = ours.shape[-2:]
-        padded = F.pad(ours, (0, -(-rw // 16) * 16 - rw, 0, -(-rh // 16) * 16 - rh))
+    def mmseg_stages(self, model, img_path, cls_token):
+        """mmseg's own stages from its own inference on an image file
+        (mmseg.apis.inference_model: its test pipeline, OpenCV uint8 resize
+        included, its data preprocessor, padding and test mode)."""
         st, hooks = {}, []
         bb = model.backbone
         hook = lambda name, f=lambda o: o: (lambda mod, i, o: st.__setitem__(name, f(o)))
+        # the backbone's input: normalised, padded only where the preprocessor pads
+        hooks.append(bb.register_forward_pre_hook(lambda mod, args: st.__setitem__("x", args[0])))
         hooks.append(bb.drop_after_pos.register_forward_hook(
             hook("embed", (lambda o: o) if cls_token else (lambda o: o[:, 1:]))))
         for i, layer in enumerate(bb.layers):
@@ -186,17 +192,11 @@ class TestMmseg(unittest.TestCase):
             hooks.append(dh.fpn_convs[l].register_forward_hook(hook("head.fpn.%d" % l)))
         hooks.append(dh.fpn_bottleneck.register_forward_hook(hook("head.fused")))
         hooks.append(dh.conv_seg.register_forward_hook(hook("head.logits")))
-        if padded_logits == "resize":       # mmseg without size_divisor: pads inside the ViT
-            x, meta = ours, dict(img_shape=(rh, rw), ori_shape=IMG, pad_shape=(rh, rw))
-        else:                               # with size_divisor: padded before, cropped after
-            x = padded
-            meta = dict(img_shape=tuple(padded.shape[-2:]), ori_shape=IMG,
-                        pad_shape=tuple(padded.shape[-2:]),
-                        padding_size=[0, padded.shape[-1] - rw, 0, padded.shape[-2] - rh])
         with torch.no_grad():
-            out = model.predict(x, [SegDataSample(metainfo=meta)])[0]
+            out = inference_model(model, img_path)
         for h in hooks:
             h.remove()
+        self.assertEqual(st["x"].dtype, torch.float64)
         for j in range(4):
             st["taps.%d" % j] = st["taps"][j]
             if model.with_neck:
@@ -205,20 +205,29 @@ class TestMmseg(unittest.TestCase):
                 st["neck.%d" % j] = st["taps"][j]
         st.pop("taps")
         st.pop("neck", None)
+        x = st.pop("x")                      # (1, 3, h, w); a slide run: its last window
+        rh, rw = x.shape[-2:]
+        padded = F.pad(x, (0, -(-rw // 16) * 16 - rw, 0, -(-rh // 16) * 16 - rh))
         hp, wp = padded.shape[-2] // 16, padded.shape[-1] // 16
         pos = type(bb).resize_pos_embed(bb.pos_embed, (hp, wp), (4, 5), bb.interpolate_mode)
         st["pos_embed"] = pos if cls_token else pos[:, 1:]
         st["input"] = padded
         st["logits"] = out.seg_logits.data.unsqueeze(0)
-        st["mask"] = R.first_argmax(st["logits"], 1).to(torch.uint8)
+        st["mask"] = out.pred_sem_seg.data.to(torch.uint8)
+        self.assertEqual(tuple(st["mask"].shape), (1,) + IMG)
         return st
 
     # ------------------------------------------------------------ the checks
 
-    def compare(self, name, desc, model_path, st, img, slide=False):
+    def compare(self, name, desc, model_path, st, img, img_path, slide=False):
         """Reference vs mmseg (float64, in Python), then the engine vs mmseg
         (float32, tests/test_golden on a golden of mmseg's stages)."""
         ref = R.load_model(model_path, torch.float64)
+        # mmseg's data preprocessor makes its mean/std float32 tensors (then
+        # .double()): the reference gets the same float32-rounded constants
+        # (the engine's are float32 anyway)
+        for key in ("mean", "std"):
+            ref.cfg["input"][key] = [float(np.float32(v)) for v in ref.cfg["input"][key]]
         rst = {}
         with torch.no_grad():
             R.segment(ref, img, stages=rst)
@@ -228,6 +237,8 @@ class TestMmseg(unittest.TestCase):
             a, b = rst[k], st[k]
             self.assertEqual(tuple(a.shape), tuple(b.shape), "%s %s" % (name, k))
             rel = ((a - b).abs().max() / b.abs().max().clamp(min=1)).item()
+            if os.environ.get("MS_UPSTREAM_VERBOSE"):
+                print("  %s %s rel %.3g" % (name, k, rel), file=sys.stderr)
             if rel > worst:
                 worst, where = rel, k
         self.assertGreaterEqual(len(names), 1 if slide else 20, name)   # every stage, really
@@ -246,9 +257,10 @@ class TestMmseg(unittest.TestCase):
         safetensors_io.save(prefix + ".golden.safetensors", g, meta)
         self.cases.append(prefix)
         eng = self.run_engine(prefix)
-        report("| %s | %s | %s | %s | %s |" % (
+        cli = self.check_cli(name, model_path, img_path, st)
+        report("| %s | %s | %s | %s | %s | %s |" % (
             name, desc, "0 (bit-identical)" if worst == 0 else "%.1e (%s)" % (worst, where),
-            "identical" if mask_same == 1 else "%.4f" % mask_same, eng))
+            "identical" if mask_same == 1 else "%.4f" % mask_same, eng, cli))
 
     def run_engine(self, prefix):
         if not os.path.exists(ENGINE_TEST):
@@ -256,48 +268,55 @@ class TestMmseg(unittest.TestCase):
         env = dict(os.environ, MS_GOLDEN_EXTRA=prefix, MS_GOLDEN_VERBOSE="1")
         p = subprocess.run([ENGINE_TEST], env=env, capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
-        worst, stage, lg = 0.0, "", None
+        worst, stage, lg, inp = 0.0, "", None, None
         for line in p.stderr.splitlines():
             parts = line.split()
             if len(parts) >= 6 and parts[0] == prefix and parts[-2] == "rel":
                 rel = float(parts[-1])
                 if parts[1] == "logits":
                     lg = rel
+                if parts[1] == "input":
+                    inp = rel
                 if rel > worst:
                     worst, stage = rel, parts[1]
         self.assertIsNotNone(lg, "the engine's logits were not compared")
-        return "%.1e (%s); logits %.1e" % (worst, stage, lg)
+        return "%.1e (%s); input %s; logits %.1e" % (
+            worst, stage, "-" if inp is None else "%.1e" % inp, lg)
 
     def run_case(self, name, desc, config, layout="1.x", backbone=None, test_cfg=None,
-                 flags=(), padded_logits="resize"):
-        ck, model = self.build(config, layout, backbone, test_cfg)
-        path = self.convert(ck, name, *flags)
+                 size_divisor=None, padded_logits="resize"):
+        ck, model = self.build(config, layout, backbone, test_cfg, size_divisor)
+        path = self.convert(ck, name)
         cfg = R.load_model(path).cfg
         cls_token = model.backbone.with_cls_token
         self.assertEqual(bool(cfg["backbone"].get("cls_token")), cls_token)
         self.assertEqual(cfg["input"]["short_side"], SHORT)           # from the config's Resize
+        self.assertEqual(cfg["input"]["long_side"], 2048)
+        self.assertEqual(cfg["input"]["resize"], "cv2_uint8")
         self.assertEqual(cfg["input"]["padded_logits"], padded_logits)
         img = make_image(7)
-        st = self.mmseg_stages(model, img, cls_token, padded_logits)
-        self.compare(name, desc, path, st, img, slide=bool(test_cfg and test_cfg.get("mode") == "slide"))
-        self.check_cli(name, path, img, st)
+        from PIL import Image
+        img_path = os.path.join(self.tmp.name, name + ".png")
+        Image.fromarray(img).save(img_path)                           # lossless: both read img
+        st = self.mmseg_stages(model, img_path, cls_token)
+        self.compare(name, desc, path, st, img, img_path,
+                     slide=bool(test_cfg and test_cfg.get("mode") == "slide"))
         return cfg
 
-    def check_cli(self, name, model_path, img, st):
-        """`mitaseg segment` on the converted file, no flags beyond the
+    def check_cli(self, name, model_path, img_path, st):
+        """`mitaseg segment` on the same image file, no flags beyond the
         model: the mask is mmseg's (up to near-ties of its logits)."""
         exe = os.path.join(os.path.dirname(ENGINE_TEST), "mitaseg")
         if not os.path.exists(exe):
-            return
+            return "-"
         from PIL import Image
         d = os.path.join(self.tmp.name, name + "_cli")
         os.makedirs(d, exist_ok=True)
-        Image.fromarray(img).save(os.path.join(d, "img.png"))
-        p = subprocess.run([exe, "segment", os.path.join(d, "img.png"), "-o", os.path.join(d, "out"),
+        p = subprocess.run([exe, "segment", img_path, "-o", os.path.join(d, "out"),
                             "--model", model_path, "--format", "label", "--device", "cpu"],
                            capture_output=True, text=True, timeout=600)
         self.assertEqual(p.returncode, 0, p.stderr)
-        got = np.asarray(Image.open(os.path.join(d, "out", "img.png")))
+        got = np.asarray(Image.open(os.path.join(d, "out", os.path.basename(img_path))))
         want = st["mask"][0].numpy()
         lg = st["logits"][0].numpy()
         diff = np.argwhere(got != want)
@@ -305,6 +324,7 @@ class TestMmseg(unittest.TestCase):
             self.assertLess(abs(lg[got[y, x], y, x] - lg[want[y, x], y, x]), 1e-4 * np.abs(lg).max(),
                             "%s: CLI mask pixel (%d, %d)" % (name, y, x))
         self.assertLessEqual(len(diff), got.size // 1000 + 1)
+        return "identical" if len(diff) == 0 else "%d of %d pixels (near-ties)" % (len(diff), got.size)
 
     def test_deit_s_mln(self):
         cfg = self.run_case("deit_s_mln", "DeiT-S + MLN, class token (1.x, patch_bias=False)",
@@ -330,15 +350,45 @@ class TestMmseg(unittest.TestCase):
         self.assertEqual(cfg["backbone"]["num_heads"], 12)
 
     def test_padding_crop_behaviour(self):
-        self.run_case("deit_s_crop", "DeiT-S + MLN, size_divisor-style padding (crop)",
+        self.run_case("deit_s_crop", "DeiT-S + MLN, test-time size_divisor 16 (crop)",
                       "vit/vit_deit-s16_mln_upernet_8xb2-160k_ade20k-512x512.py",
-                      flags=("--padded-logits", "crop"), padded_logits="crop")
+                      size_divisor=16, padded_logits="crop")
 
     def test_slide(self):
         cfg = self.run_case("deit_s_slide", "DeiT-S + MLN, slide crop 40x56 stride 24x36",
                             "vit/vit_deit-s16_mln_upernet_8xb2-160k_ade20k-512x512.py",
                             test_cfg=dict(mode="slide", crop_size=(40, 56), stride=(24, 36)))
         self.assertEqual(cfg["input"]["slide"], {"crop": [40, 56], "stride": [24, 36]})
+
+
+@unittest.skipIf(WHY_NOT is not None, "upstream libraries not importable (%s)" % WHY_NOT)
+class TestOpenCVResize(unittest.TestCase):
+    """input.resize cv2_uint8 against OpenCV itself (cv2.resize INTER_LINEAR,
+    as mmcv.imresize calls it), byte for byte, on a sweep of sizes: up and
+    down, odd and non-integer ratios, exact halves, 1-pixel sides, copies."""
+
+    def test_engine_and_reference_match_cv2(self):
+        import cv2
+        import gen_resize_golden
+        t, ver = gen_resize_golden.cases(many=True, seed=3)
+        n = sum(k.startswith("dst.") for k in t)
+        for k, want in t.items():       # the reference's (numpy) implementation
+            if k.startswith("dst."):
+                got = R.resize_uint8_cv2(t["src." + k.split(".")[1]], want.shape[:2])
+                self.assertTrue(np.array_equal(got, want), "reference: %s %s" % (k, want.shape))
+        exe = os.path.join(os.path.dirname(ENGINE_TEST), "test_image_resize")
+        if not os.path.exists(exe):
+            self.skipTest("engine not built (%s)" % exe)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "resize.golden.safetensors")
+            safetensors_io.save(path, t, {"producer": "opencv %s" % ver})
+            env = dict(os.environ, MS_RESIZE_GOLDEN=path,
+                       MS_FIXTURES=os.path.join(REPO, "tests", "fixtures"))
+            p = subprocess.run([exe], env=env, capture_output=True, text=True, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
+        report("| cv2.resize INTER_LINEAR (opencv %s) | %d uint8 RGB resizes, %d sources 1x1 to "
+               "360x480 | engine and reference byte-identical | - | - | - |"
+               % (cv2.__version__, n, sum(k.startswith("src.") for k in t)))
 
 
 @unittest.skipIf(WHY_NOT is not None, "upstream libraries not importable (%s)" % WHY_NOT)
@@ -390,7 +440,7 @@ class TestTimm(unittest.TestCase):
         worst = max(worst, ((st["taps.3"] - tap).abs().max() / tap.abs().max()).item())
         self.assertLess(worst, 1e-9)
         report("| timm deit_small_patch16_224 | DeiT-S blocks + final norm, class token | %s | "
-               "- | - |" % ("0 (bit-identical)" if worst == 0 else "%.1e" % worst))
+               "- | - | - |" % ("0 (bit-identical)" if worst == 0 else "%.1e" % worst))
 
     def test_pos_embed_resampled_as_timm(self):
         """--init-backbone resamples as timm's resample_abs_pos_embed (antialias)."""
@@ -408,7 +458,7 @@ class TestTimm(unittest.TestCase):
             plain = R.resize_pos_embed(pos, (14, 14), grid, ncls=1)
             rel = ((plain - want)[:, 1:].abs().max() / want[:, 1:].abs().max()).item()
             self.assertGreater(rel, 1e-3)   # the two kernels really differ
-            report("| timm pos_embed 14x14 -> %dx%d | antialiased vs plain bicubic | %.1e | - | - |"
+            report("| timm pos_embed 14x14 -> %dx%d | antialiased vs plain bicubic | %.1e | - | - | - |"
                    % (grid[0], grid[1], rel))
 
     def test_distilled_deit_converts_with_a_note(self):
