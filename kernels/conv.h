@@ -21,10 +21,10 @@ extern "C" {
 #endif
 
 /* Floats of scratch conv2d_cpu wants (0 for a 1x1 stride-1 unpadded conv,
- * which is GEMMs on the input itself). The bands are sized for the OpenMP
- * thread count at the time of the call (omp_get_max_threads), which the
- * engine keeps fixed after the first image of a size; with fewer floats the
- * conv runs fewer or smaller bands, never more. */
+ * which is GEMMs on the input itself). Sized for a band per OpenMP thread
+ * at the thread count of the call (omp_get_max_threads, which the engine
+ * keeps fixed); given less, the conv runs smaller bands or fewer threads
+ * within what it has. */
 size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad);
 
 /* ws holds ws_floats floats: what conv2d_scratch_floats returned, or at
