@@ -3,10 +3,21 @@
 
 #include <string.h>
 
+#include "elementwise_simd.h"
+#include "vmath.h"
+
+/* Elements per work item of the flat ops: large enough to amortise the call,
+ * small enough to spread over the threads. */
+#define EW_CHUNK 16384
+
 void add_cpu(float *out, const float *a, const float *b, size_t n)
 {
+    size_t chunks = (n + EW_CHUNK - 1) / EW_CHUNK;
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+    for (size_t k = 0; k < chunks; k++) {
+        size_t i = k * EW_CHUNK;
+        ew_add(out + i, a + i, b + i, n - i < EW_CHUNK ? n - i : EW_CHUNK);
+    }
 }
 
 /* Tiles so that both the reads and the writes stay in cache. */
@@ -34,13 +45,8 @@ void softmax_rows_cpu(float *x, int rows, int cols)
     for (int i = 0; i < rows; i++) {
         float *row = x + (size_t)i * cols;
         float mx = row[argmax_first(row, cols, 1)];
-        float sum = 0.0f;
-        for (int j = 0; j < cols; j++) {
-            row[j] = expf(row[j] - mx);
-            sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j < cols; j++) row[j] *= inv;
+        float sum = vm_exp_sum(row, cols, 1.0f, mx); /* exp(x - max) */
+        ew_scale(row, (size_t)cols, 1.0f / sum);
     }
 }
 
@@ -55,9 +61,14 @@ void crop_cpu(float *out, const float *in, int c, int h, int w, int ho, int wo)
 
 void argmax_cpu(uint8_t *out, const float *in, int c, int h, int w)
 {
-    long plane = (long)h * w;
+    /* runs of pixels, the classes' planes read contiguously within each */
+    long plane = (long)h * w, runs = (plane + EW_ARGMAX_PIXELS - 1) / EW_ARGMAX_PIXELS;
 #pragma omp parallel for schedule(static)
-    for (long i = 0; i < plane; i++) out[i] = (uint8_t)argmax_first(in + i, c, plane);
+    for (long r = 0; r < runs; r++) {
+        long i = r * EW_ARGMAX_PIXELS;
+        ew_argmax_planes(out + i, in + i, c, plane,
+                         (int)(plane - i < EW_ARGMAX_PIXELS ? plane - i : EW_ARGMAX_PIXELS));
+    }
 }
 
 void normalize_pad_cpu(float *out, const float *in, int h, int w, int hp, int wp,
