@@ -25,9 +25,10 @@
 #include "gemm.h"
 
 /* Output columns per band's GEMM: enough for OpenBLAS's kernels to run at
- * speed, few enough for the band result (co x cols) and its B panels to
- * stay in L2 for the output pass. Measured on the neck and head shapes
- * (bench/, issue 13). */
+ * speed, few enough for the band result (co x cols) to stay in cache for
+ * the output pass. 512, 1024, 2048 and 4096 timed alike, within the noise of
+ * a loaded 2-core machine, on the neck and head shapes (issue 13); -D to
+ * retune. */
 #ifndef CONV_BAND_COLS
 #define CONV_BAND_COLS 1024
 #endif
