@@ -26,43 +26,11 @@
 
 #include "kernels/conv.h"
 #include "kernels/cpu_path.h"
-#include "testutil.h"
+#include "testutil_ops.h"
 
 #define GUARD 64
 #define GUARD_VALUE 12345.0f
 #define TOL 1e-5
-
-/* ---------- helpers ---------- */
-
-static float *falloc(size_t n)
-{
-    float *p = ms_calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static double *dalloc(size_t n)
-{
-    double *p = calloc(n ? n : 1, sizeof(double));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static float *frand(size_t n, uint32_t seed)
-{
-    float *p = falloc(n);
-    rand_fill(p, n, seed, -1.0f, 1.0f);
-    return p;
-}
-
-static void set_threads(int t)
-{
-#ifdef _OPENMP
-    omp_set_num_threads(t);
-#else
-    (void)t;
-#endif
-}
 
 static int max_threads(void)
 {
@@ -71,32 +39,6 @@ static int max_threads(void)
 #else
     return 1;
 #endif
-}
-
-static int path_count(void) { return cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1; }
-
-static double naive_act(double x, ms_act act)
-{
-    if (act == MS_ACT_RELU) return x > 0 ? x : 0;
-    if (act == MS_ACT_GELU) return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    return x;
-}
-
-/* Fails unless max|got - want| <= TOL * (1 + max|want|). */
-static void check_close(const float *got, const double *want, size_t n, const char *what)
-{
-    double err = 0, mx = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - want[i]);
-        if (!(e <= err)) {
-            err = isnan(e) ? INFINITY : e;
-            at = i;
-        }
-        if (fabs(want[i]) > mx) mx = fabs(want[i]);
-    }
-    ck_assert_msg(err <= TOL * (1.0 + mx), "%s: max error %.3g at %zu (got %.7g want %.7g)", what,
-                  err, at, (double)got[at], want[at]);
 }
 
 /* A workspace of n floats, NaN-filled, with GUARD guard floats after it. */
@@ -152,8 +94,8 @@ static void conv_case(int ci, int h, int wd, int co, int k, int st, int pad, boo
 {
     int ho = conv_out_size(h, k, st, pad), wo = conv_out_size(wd, k, st, pad);
     size_t no = (size_t)co * ho * wo;
-    float *in = frand((size_t)ci * h * wd, seed), *w = frand((size_t)co * ci * k * k, seed + 1);
-    float *b = bias ? frand(co, seed + 2) : NULL, *out = falloc(no);
+    float *in = frand((size_t)ci * h * wd, seed, -1.0f, 1.0f), *w = frand((size_t)co * ci * k * k, seed + 1, -1.0f, 1.0f);
+    float *b = bias ? frand(co, seed + 2, -1.0f, 1.0f) : NULL, *out = falloc(no);
     double *want = dalloc(no);
     naive_conv2d(want, in, w, b, ci, h, wd, co, k, st, pad, act);
     char what[160];
@@ -168,7 +110,7 @@ static void conv_case(int ci, int h, int wd, int co, int k, int st, int pad, boo
         ck_assert_uint_eq(full, 0);
         for (size_t i = 0; i < no; i++) out[i] = NAN;
         conv2d_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, act, NULL, 0);
-        check_close(out, want, no, what);
+        check_close(out, want, no, TOL, what);
     } else {
         /* the implicit GEMM may want less than one im2col row */
         if (st != 1) ck_assert_uint_ge(full, row);
@@ -182,7 +124,7 @@ static void conv_case(int ci, int h, int wd, int co, int k, int st, int pad, boo
             float *ws = ws_alloc(n);
             for (size_t i = 0; i < no; i++) out[i] = NAN;
             conv2d_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, act, ws, n);
-            check_close(out, want, no, what);
+            check_close(out, want, no, TOL, what);
             ws_check_free(ws, n, what);
         }
         /* the im2col path itself: one row, 2.5 rows, all rows */
@@ -192,7 +134,7 @@ static void conv_case(int ci, int h, int wd, int co, int k, int st, int pad, boo
             float *ws = ws_alloc(n);
             for (size_t i = 0; i < no; i++) out[i] = NAN;
             conv2d_im2col_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, act, ws, n);
-            check_close(out, want, no, what);
+            check_close(out, want, no, TOL, what);
             ws_check_free(ws, n, what);
         }
     }
@@ -203,7 +145,7 @@ START_TEST(test_conv2d_paths)
 {
     ms_cpu_path start = cpu_path_get();
     int start_threads = max_threads(), cases = 0;
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (int t = 1; t <= 3; t++) {
             set_threads(t);
@@ -235,7 +177,7 @@ START_TEST(test_conv2d_many_bands)
 {
     ms_cpu_path start = cpu_path_get();
     int start_threads = max_threads();
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (int t = 1; t <= 2; t++) {
             set_threads(t);
@@ -255,8 +197,8 @@ START_TEST(test_conv2d_nested)
     const int ci = 7, h = 9, wd = 11, co = 6, k = 3;
     int ho = h, wo = wd;
     size_t no = (size_t)co * ho * wo, n = conv2d_scratch_floats(ci, h, wd, co, k, k, 1, 1);
-    float *in = frand((size_t)ci * h * wd, 3000), *w = frand((size_t)co * ci * k * k, 3001);
-    float *b = frand(co, 3002);
+    float *in = frand((size_t)ci * h * wd, 3000, -1.0f, 1.0f), *w = frand((size_t)co * ci * k * k, 3001, -1.0f, 1.0f);
+    float *b = frand(co, 3002, -1.0f, 1.0f);
     double *want = dalloc(no);
     naive_conv2d(want, in, w, b, ci, h, wd, co, k, 1, 1, MS_ACT_RELU);
     float *outs[2], *wss[2];
@@ -268,7 +210,7 @@ START_TEST(test_conv2d_nested)
     for (int i = 0; i < 2; i++)
         conv2d_cpu(outs[i], in, w, b, ci, h, wd, co, k, k, 1, 1, MS_ACT_RELU, wss[i], n);
     for (int i = 0; i < 2; i++) {
-        check_close(outs[i], want, no, "nested conv");
+        check_close(outs[i], want, no, TOL, "nested conv");
         ws_check_free(wss[i], n, "nested conv");
         ms_free(outs[i]);
     }
@@ -283,15 +225,15 @@ START_TEST(test_conv_transpose_paths)
     ms_cpu_path start = cpu_path_get();
     int start_threads = max_threads();
     const int cases[][4] = {{3, 1, 1, 5}, {7, 2, 33, 3}, {11, 33, 7, 9}, {5, 7, 7, 1}};
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (int t = 1; t <= 3; t++) {
             set_threads(t);
             for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
                 int ci = cases[cs][0], h = cases[cs][1], wd = cases[cs][2], co = cases[cs][3];
                 size_t no = (size_t)co * 4 * h * wd;
-                float *in = frand((size_t)ci * h * wd, 4000 + cs);
-                float *w = frand((size_t)ci * co * 4, 4010 + cs), *b = frand(co, 4020 + cs);
+                float *in = frand((size_t)ci * h * wd, 4000 + cs, -1.0f, 1.0f);
+                float *w = frand((size_t)ci * co * 4, 4010 + cs, -1.0f, 1.0f), *b = frand(co, 4020 + cs, -1.0f, 1.0f);
                 float *out = falloc(no);
                 double *want = dalloc(no);
                 for (int act = 0; act < 3; act++) {
@@ -314,7 +256,7 @@ START_TEST(test_conv_transpose_paths)
                         for (size_t i = 0; i < no; i++) out[i] = NAN;
                         conv_transpose2x2_cpu(out, in, w, bias, ci, h, wd, co, (ms_act)act, ws,
                                               sizes[z]);
-                        check_close(out, want, no, "conv_transpose2x2");
+                        check_close(out, want, no, TOL, "conv_transpose2x2");
                         ws_check_free(ws, sizes[z], "conv_transpose2x2");
                     }
                 }
