@@ -1,131 +1,372 @@
-/* Convolutions on the CPU: im2col a band of output rows at a time, then one
- * sgemm per band; the transposed conv is a GEMM followed by a scatter. */
+/* Convolutions on the CPU. Every path works a band of output rows at a time
+ * per thread (its own slice of the scratch, no barrier between bands) and
+ * ends the band with one pass that adds the bias, applies the activation and
+ * writes the output while the GEMM's result is still in cache (BatchNorm is
+ * folded into weight and bias at load, app/engine.c).
+ * - 1x1 stride 1 unpadded: a GEMM on the input itself, in column chunks.
+ * - other stride-1 convs (the 3x3 ConvModules of neck and head): implicit
+ *   GEMM. The band's input rows are copied once, zero-padded, with row
+ *   length wp = w + 2 pad; kernel tap (ky, kx) is then a GEMM whose B is that
+ *   copy shifted by ky*wp + kx, accumulated into a band result of row length
+ *   wp, whose last kw-1 columns are junk that the output pass drops. No
+ *   column matrix (kh*kw copies of the input) is built.
+ * - anything else (stride-2 stem convs, patch embedding): im2col of the band,
+ *   whose interior runs are copied whole, then one GEMM.
+ * The transposed conv is a GEMM per band and a scatter that is its output
+ * pass. */
 #include "conv.h"
+
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "conv_simd.h"
 #include "gemm.h"
 
+/* Output columns per band's GEMM: enough for OpenBLAS's kernels to run at
+ * speed, few enough for the band result (co x cols) to stay in cache for
+ * the output pass. 512, 1024, 2048 and 4096 timed alike, within the noise of
+ * a loaded 2-core machine, on the neck and head shapes (issue 13); -D to
+ * retune. */
+#ifndef CONV_BAND_COLS
+#define CONV_BAND_COLS 1024
+#endif
+
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Threads the bands are spread over: 1 inside a parallel region. */
+static int conv_threads(void)
+{
+#ifdef _OPENMP
+    if (!omp_in_parallel()) return omp_get_max_threads();
+#endif
+    return 1;
+}
+
+static int conv_thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* A band split: bands of at most rows rows (band i is rows [i*n/bands,
+ * (i+1)*n/bands) of n, so they differ by one row at most), threads, and the
+ * scratch floats per thread (slice = per_row * rows + fixed). */
+typedef struct {
+    int rows, bands, threads;
+    size_t slice;
+} band_plan;
+
+static int round_up(int a, int m) { return (a + m - 1) / m * m; }
+
+/* Splits n_rows output rows of row_cols columns into bands of about
+ * CONV_BAND_COLS columns, as many as a multiple of the thread count (so the
+ * static schedule is balanced), with threads slices fitting in avail floats.
+ * threads is 0 if not even one row fits. */
+static band_plan band_plan_make(int n_rows, int row_cols, size_t per_row, size_t fixed,
+                                int threads, size_t avail)
+{
+    band_plan p;
+    int rows = CONV_BAND_COLS / (row_cols > 0 ? row_cols : 1);
+    rows = rows < 1 ? 1 : (rows > n_rows ? n_rows : rows);
+    if (threads > n_rows) threads = n_rows;
+    int bands = round_up((n_rows + rows - 1) / rows, threads);
+    rows = (n_rows + bands - 1) / bands;
+    /* shrink the band, then the thread count, until the slices fit */
+    while (rows > 1 && (size_t)threads * (per_row * rows + fixed) > avail) rows--;
+    while (threads > 0 && (size_t)threads * (per_row * rows + fixed) > avail) threads--;
+    bands = (n_rows + rows - 1) / rows;
+    if (threads > 1 && round_up(bands, threads) <= n_rows) bands = round_up(bands, threads);
+    p.rows = (n_rows + bands - 1) / bands;
+    p.bands = bands;
+    p.threads = threads;
+    p.slice = per_row * p.rows + fixed;
+    return p;
+}
+
+/* Band bi of a plan over n rows: first row and row count. */
+static int band_start(const band_plan *p, int n, int bi)
+{
+    return (int)((long long)bi * n / p->bands);
+}
+
+static int band_rows(const band_plan *p, int n, int bi)
+{
+    return band_start(p, n, bi + 1) - band_start(p, n, bi);
+}
+
+/* One row per band on one thread: for a workspace under one row, which the
+ * callers' contract rules out (the code before bands per thread did this). */
+static band_plan band_plan_one_row(int n_rows, size_t per_row)
+{
+    band_plan p = {1, n_rows, 1, per_row};
+    return p;
+}
 
 static bool conv2d_is_pointwise(int kh, int kw, int stride, int pad)
 {
     return kh == 1 && kw == 1 && stride == 1 && pad == 0;
 }
 
-size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad)
+/* ---------- implicit GEMM (stride 1) ---------- */
+
+/* Per-thread slice: the padded input band (ci planes of rows+kh-1 rows of wp,
+ * plus kw floats the last tap's view reads past its end) and the band result
+ * (co, rows*wp). Per row and fixed part, each rounded up to 16 floats. */
+static void implicit_costs(size_t *per_row, size_t *fixed, int ci, int co, int kh, int kw,
+                           int wp)
 {
-    if (conv2d_is_pointwise(kh, kw, stride, pad)) return 0;
-    int ho = conv_out_size(h, kh, stride, pad), wo = conv_out_size(wd, kw, stride, pad);
-    size_t row = (size_t)ci * kh * kw * wo; /* im2col columns of one output row */
-    size_t all = row * ho;
-    if (all <= MS_CONV_SCRATCH_FLOATS) return all;
-    return row > MS_CONV_SCRATCH_FLOATS ? row : (MS_CONV_SCRATCH_FLOATS / row) * row;
+    *per_row = round16((size_t)(ci + co) * wp);
+    *fixed = round16((size_t)ci * (kh - 1) * wp + kw) + 32;
 }
 
-/* Rows of im2col for output rows [y0, y0+rows): col[(c*kh+ky)*kw+kx][pixel]. */
+static size_t implicit_weight_floats(int ci, int co, int kh, int kw)
+{
+    return round16((size_t)co * ci * kh * kw);
+}
+
+static band_plan implicit_plan(int ci, int h, int wd, int co, int kh, int kw, int pad,
+                               int threads, size_t avail)
+{
+    int wp = wd + 2 * pad, ho = conv_out_size(h, kh, 1, pad);
+    size_t per_row, fixed;
+    implicit_costs(&per_row, &fixed, ci, co, kh, kw, wp);
+    return band_plan_make(ho, wp, per_row, fixed, threads, avail);
+}
+
+/* Input rows for output rows [y0, y0+rows) into pad (ci, rows+kh-1, wp),
+ * zeros outside the image, then kw zeros after the last plane. */
+static void implicit_pad_band(float *pad_in /* (ci, rows+kh-1, wp) + kw */,
+                              const float *in /* (ci, h, wd) */, int ci, int h, int wd, int kh,
+                              int kw, int pad, int y0, int rows)
+{
+    int wp = wd + 2 * pad, nin = rows + kh - 1;
+    for (int c = 0; c < ci; c++) {
+        const float *plane = in + (size_t)c * h * wd;
+        for (int r = 0; r < nin; r++) {
+            float *d = pad_in + ((size_t)c * nin + r) * wp;
+            int iy = y0 - pad + r;
+            if (iy < 0 || iy >= h) {
+                memset(d, 0, (size_t)wp * sizeof(float));
+                continue;
+            }
+            memset(d, 0, (size_t)pad * sizeof(float));
+            memcpy(d + pad, plane + (size_t)iy * wd, (size_t)wd * sizeof(float));
+            memset(d + pad + wd, 0, (size_t)pad * sizeof(float));
+        }
+    }
+    memset(pad_in + (size_t)ci * nin * wp, 0, (size_t)kw * sizeof(float));
+}
+
+static void conv2d_implicit(float *out /* (co, ho, wo) */, const float *in /* (ci, h, wd) */,
+                            const float *w /* (co, ci, kh, kw) */, const float *b, int ci, int h,
+                            int wd, int co, int kh, int kw, int pad, ms_act act,
+                            float *ws /* (ws_floats) */, band_plan p)
+{
+    const int taps = kh * kw, wp = wd + 2 * pad;
+    const int ho = conv_out_size(h, kh, 1, pad), wo = conv_out_size(wd, kw, 1, pad);
+    const size_t plane = (size_t)ho * wo;
+    float *wt = ws; /* (taps, co, ci): tap t's weights as a GEMM operand */
+    float *slices = ws + implicit_weight_floats(ci, co, kh, kw);
+#pragma omp parallel num_threads(p.threads) if (p.threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int o = 0; o < co; o++) /* w[o] is read from L1, each write a run */
+            for (int t = 0; t < taps; t++) {
+                float *d = wt + ((size_t)t * co + o) * ci;
+                const float *src = w + (size_t)o * ci * taps + t;
+                for (int c = 0; c < ci; c++) d[c] = src[(size_t)c * taps];
+            }
+        float *pad_in = slices + (size_t)conv_thread_id() * p.slice;
+#pragma omp for schedule(static)
+        for (int bi = 0; bi < p.bands; bi++) {
+            int y0 = band_start(&p, ho, bi), rows = band_rows(&p, ho, bi);
+            int nin = rows + kh - 1, n = rows * wp;
+            float *acc = pad_in + round16((size_t)ci * nin * wp + kw); /* (co, rows*wp) */
+            implicit_pad_band(pad_in, in, ci, h, wd, kh, kw, pad, y0, rows);
+            for (int t = 0; t < taps; t++) {
+                const float *bt = pad_in + (size_t)(t / kw) * wp + t % kw;
+                /* acc (co, n) += wt[t] (co, ci) @ band shifted (ci, n; row stride nin*wp) */
+                gemm_cpu(acc, wt + (size_t)t * co * ci, bt, co, n, ci, false, false, ci, nin * wp,
+                         n, 1.0f, t ? 1.0f : 0.0f);
+            }
+            for (int o = 0; o < co; o++)
+                for (int r = 0; r < rows; r++)
+                    conv_bias_act_row(out + o * plane + (size_t)(y0 + r) * wo,
+                                      acc + (size_t)o * n + (size_t)r * wp, wo, b ? b[o] : 0.0f,
+                                      act);
+        }
+    }
+}
+
+/* ---------- im2col ---------- */
+
+/* Columns of output rows [y0, y0+rows): col[(c*kh+ky)*kw+kx][pixel]. Each
+ * (c, ky, kx, row) is zeros, a run of input, zeros: the run is copied whole
+ * at stride 1, gathered otherwise. */
 static void im2col_band(float *col /* (ci*kh*kw, rows*wo) */, const float *in /* (ci, h, wd) */,
                         int ci, int h, int wd, int kh, int kw, int stride, int pad, int wo, int y0,
                         int rows)
 {
     size_t npix = (size_t)rows * wo;
-#pragma omp parallel for collapse(2) schedule(static)
     for (int c = 0; c < ci; c++) {
+        const float *plane = in + (size_t)c * h * wd;
         for (int k = 0; k < kh * kw; k++) {
             int ky = k / kw, kx = k % kw;
-            const float *plane = in + (size_t)c * h * wd;
+            /* output x reads input x*stride - pad + kx: inside for x in [x0, x1) */
+            int x0 = pad - kx > 0 ? (pad - kx + stride - 1) / stride : 0;
+            int x1 = wd + pad - kx > 0 ? (wd + pad - kx + stride - 1) / stride : 0;
+            if (x1 > wo) x1 = wo;
+            if (x0 > x1) x0 = x1;
             float *dst = col + ((size_t)c * kh * kw + k) * npix;
             for (int r = 0; r < rows; r++) {
                 int iy = (y0 + r) * stride - pad + ky;
                 float *d = dst + (size_t)r * wo;
                 if (iy < 0 || iy >= h) {
-                    for (int x = 0; x < wo; x++) d[x] = 0.0f;
+                    memset(d, 0, (size_t)wo * sizeof(float));
                     continue;
                 }
-                const float *src = plane + (size_t)iy * wd;
-                for (int x = 0; x < wo; x++) {
-                    int ix = x * stride - pad + kx;
-                    d[x] = (ix >= 0 && ix < wd) ? src[ix] : 0.0f;
+                memset(d, 0, (size_t)x0 * sizeof(float));
+                if (x1 > x0) {
+                    const float *src = plane + (size_t)iy * wd + (x0 * stride - pad + kx);
+                    if (stride == 1)
+                        memcpy(d + x0, src, (size_t)(x1 - x0) * sizeof(float));
+                    else
+                        for (int x = 0; x < x1 - x0; x++) d[x0 + x] = src[(size_t)x * stride];
                 }
+                memset(d + x1, 0, (size_t)(wo - x1) * sizeof(float));
             }
         }
     }
 }
 
-static void bias_act(float *out /* (co, plane) */, const float *b /* (co) or NULL */, int co,
-                     size_t plane, ms_act act)
+void conv2d_im2col_cpu(float *out, const float *in, const float *w, const float *b, int ci,
+                       int h, int wd, int co, int kh, int kw, int stride, int pad, ms_act act,
+                       float *ws, size_t ws_floats)
 {
-    if (!b && act == MS_ACT_NONE) return;
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < co; c++) {
-        float bias = b ? b[c] : 0.0f;
-        float *o = out + (size_t)c * plane;
-        for (size_t i = 0; i < plane; i++) o[i] = act_apply(o[i] + bias, act);
+    int ho = conv_out_size(h, kh, stride, pad), wo = conv_out_size(wd, kw, stride, pad);
+    int kdim = ci * kh * kw;
+    size_t plane = (size_t)ho * wo;
+    band_plan p = band_plan_make(ho, wo, (size_t)kdim * wo, 0, conv_threads(), ws_floats);
+    if (p.threads < 1) p = band_plan_one_row(ho, (size_t)kdim * wo); /* below the contract */
+#pragma omp parallel for schedule(static) num_threads(p.threads) if (p.threads > 1)
+    for (int bi = 0; bi < p.bands; bi++) {
+        int y0 = band_start(&p, ho, bi), rows = band_rows(&p, ho, bi);
+        int npix = rows * wo;
+        float *col = ws + (size_t)conv_thread_id() * p.slice;
+        im2col_band(col, in, ci, h, wd, kh, kw, stride, pad, wo, y0, rows);
+        /* out[:, band] (co, npix; row stride ho*wo) = w (co, kdim) @ col (kdim, npix) */
+        float *ob = out + (size_t)y0 * wo;
+        gemm_cpu(ob, w, col, co, npix, kdim, false, false, kdim, npix, (int)plane, 1.0f, 0.0f);
+        if (b || act != MS_ACT_NONE)
+            for (int o = 0; o < co; o++)
+                conv_bias_act_row(ob + o * plane, ob + o * plane, npix, b ? b[o] : 0.0f, act);
     }
+}
+
+/* ---------- 1x1 ---------- */
+
+static void conv2d_pointwise(float *out /* (co, n) */, const float *in /* (ci, n) */,
+                             const float *w /* (co, ci) */, const float *b, int ci, int n,
+                             int co, ms_act act)
+{
+    if (!b && act == MS_ACT_NONE) {
+        gemm_cpu(out, w, in, co, n, ci, false, false, ci, n, n, 1.0f, 0.0f);
+        return;
+    }
+    /* column chunks, each GEMM followed by its output pass in place */
+    band_plan p = band_plan_make(n, 1, 0, 0, conv_threads(), 0);
+#pragma omp parallel for schedule(static) num_threads(p.threads > 0 ? p.threads : 1)
+    for (int bi = 0; bi < p.bands; bi++) {
+        int j0 = band_start(&p, n, bi), cols = band_rows(&p, n, bi);
+        gemm_cpu(out + j0, w, in + j0, co, cols, ci, false, false, ci, n, n, 1.0f, 0.0f);
+        for (int o = 0; o < co; o++)
+            conv_bias_act_row(out + (size_t)o * n + j0, out + (size_t)o * n + j0, cols,
+                              b ? b[o] : 0.0f, act);
+    }
+}
+
+/* ---------- dispatch ---------- */
+
+size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad)
+{
+    if (conv2d_is_pointwise(kh, kw, stride, pad)) return 0;
+    int threads = conv_threads();
+    if (stride == 1) {
+        size_t per_row, fixed;
+        implicit_costs(&per_row, &fixed, ci, co, kh, kw, wd + 2 * pad);
+        size_t avail = MS_CONV_SCRATCH_FLOATS > per_row + fixed ? MS_CONV_SCRATCH_FLOATS
+                                                                : per_row + fixed;
+        band_plan p = implicit_plan(ci, h, wd, co, kh, kw, pad, threads, avail);
+        return implicit_weight_floats(ci, co, kh, kw) + (size_t)p.threads * p.slice;
+    }
+    int ho = conv_out_size(h, kh, stride, pad), wo = conv_out_size(wd, kw, stride, pad);
+    size_t row = (size_t)ci * kh * kw * wo; /* im2col columns of one output row */
+    size_t avail = MS_CONV_SCRATCH_FLOATS > row ? MS_CONV_SCRATCH_FLOATS : row;
+    band_plan p = band_plan_make(ho, wo, row, 0, threads, avail);
+    return (size_t)p.threads * p.slice;
 }
 
 void conv2d_cpu(float *out, const float *in, const float *w, const float *b, int ci, int h,
                 int wd, int co, int kh, int kw, int stride, int pad, ms_act act, float *ws,
                 size_t ws_floats)
 {
-    int ho = conv_out_size(h, kh, stride, pad), wo = conv_out_size(wd, kw, stride, pad);
-    int kdim = ci * kh * kw;
-    size_t plane = (size_t)ho * wo;
     if (conv2d_is_pointwise(kh, kw, stride, pad)) {
-        /* out (co, hw) = w (co, ci) @ in (ci, hw) */
-        gemm_cpu(out, w, in, co, (int)plane, ci, false, false, ci, (int)plane, (int)plane, 1.0f,
-                 0.0f);
-    } else {
-        size_t row = (size_t)kdim * wo;
-        int band = (int)(ws_floats / row);
-        if (band < 1) band = 1; /* caller guarantees one row fits */
-        if (band > ho) band = ho;
-        for (int y0 = 0; y0 < ho; y0 += band) {
-            int rows = ho - y0 < band ? ho - y0 : band;
-            int npix = rows * wo;
-            im2col_band(ws, in, ci, h, wd, kh, kw, stride, pad, wo, y0, rows);
-            /* out[:, band] (co, npix; row stride ho*wo) = w (co, kdim) @ col (kdim, npix) */
-            gemm_cpu(out + (size_t)y0 * wo, w, ws, co, npix, kdim, false, false, kdim, npix,
-                     (int)plane, 1.0f, 0.0f);
+        conv2d_pointwise(out, in, w, b, ci, h * wd, co, act);
+        return;
+    }
+    if (stride == 1) {
+        size_t wf = implicit_weight_floats(ci, co, kh, kw);
+        if (ws_floats > wf) {
+            band_plan p = implicit_plan(ci, h, wd, co, kh, kw, pad, conv_threads(),
+                                        ws_floats - wf);
+            if (p.threads > 0) {
+                conv2d_implicit(out, in, w, b, ci, h, wd, co, kh, kw, pad, act, ws, p);
+                return;
+            }
         }
     }
-    bias_act(out, b, co, plane, act);
+    /* strided, or a workspace too small for the implicit GEMM (callers that
+     * size it by conv2d_scratch_floats never are) */
+    conv2d_im2col_cpu(out, in, w, b, ci, h, wd, co, kh, kw, stride, pad, act, ws, ws_floats);
 }
+
+/* ---------- 2x2 stride-2 transposed conv ---------- */
 
 size_t conv_transpose2x2_scratch_floats(int ci, int h, int wd, int co)
 {
     size_t row = (size_t)4 * co * wd; /* GEMM result of one input row */
-    size_t all = row * h;
-    if (all <= MS_CONV_SCRATCH_FLOATS) return all;
-    return row > MS_CONV_SCRATCH_FLOATS ? row : (MS_CONV_SCRATCH_FLOATS / row) * row;
+    size_t avail = MS_CONV_SCRATCH_FLOATS > row ? MS_CONV_SCRATCH_FLOATS : row;
+    band_plan p = band_plan_make(h, wd, row, 0, conv_threads(), avail);
+    return (size_t)p.threads * p.slice;
 }
 
 void conv_transpose2x2_cpu(float *out, const float *in, const float *w, const float *b, int ci,
                            int h, int wd, int co, ms_act act, float *ws, size_t ws_floats)
 {
-    size_t row = (size_t)4 * co * wd;
-    int band = (int)(ws_floats / row);
-    if (band < 1) band = 1;
-    if (band > h) band = h;
     int wo = 2 * wd;
     size_t plane_out = (size_t)4 * h * wd;
-    for (int y0 = 0; y0 < h; y0 += band) {
-        int rows = h - y0 < band ? h - y0 : band;
+    band_plan p = band_plan_make(h, wd, (size_t)4 * co * wd, 0, conv_threads(), ws_floats);
+    if (p.threads < 1) p = band_plan_one_row(h, (size_t)4 * co * wd); /* below the contract */
+#pragma omp parallel for schedule(static) num_threads(p.threads) if (p.threads > 1)
+    for (int bi = 0; bi < p.bands; bi++) {
+        int y0 = band_start(&p, h, bi), rows = band_rows(&p, h, bi);
         int npix = rows * wd;
-        /* t (4co, npix) = w^T, w stored (ci, 4co), @ in[:, band] (ci, npix; row stride h*wd) */
-        gemm_cpu(ws, w, in + (size_t)y0 * wd, 4 * co, npix, ci, true, false, 4 * co, h * wd, npix,
+        float *t = ws + (size_t)conv_thread_id() * p.slice; /* (4co, npix) */
+        /* t = w^T, w stored (ci, 4co), @ in[:, band] (ci, npix; row stride h*wd) */
+        gemm_cpu(t, w, in + (size_t)y0 * wd, 4 * co, npix, ci, true, false, 4 * co, h * wd, npix,
                  1.0f, 0.0f);
         /* out[o, 2y+dy, 2x+dx] = t[(o*2+dy)*2+dx, (y-y0)*wd + x] */
-#pragma omp parallel for collapse(2) schedule(static)
-        for (int o = 0; o < co; o++) {
-            for (int r = 0; r < rows; r++) {
-                float bias = b ? b[o] : 0.0f;
+        for (int o = 0; o < co; o++)
+            for (int r = 0; r < rows; r++)
                 for (int dy = 0; dy < 2; dy++) {
-                    float *dst = out + (size_t)o * plane_out + (size_t)(2 * (y0 + r) + dy) * wo;
-                    const float *t0 = ws + (size_t)(o * 4 + dy * 2) * npix + (size_t)r * wd;
-                    const float *t1 = t0 + npix;
-                    for (int x = 0; x < wd; x++) {
-                        dst[2 * x] = act_apply(t0[x] + bias, act);
-                        dst[2 * x + 1] = act_apply(t1[x] + bias, act);
-                    }
+                    const float *t0 = t + (size_t)(o * 4 + dy * 2) * npix + (size_t)r * wd;
+                    conv_bias_act_interleave(out + o * plane_out + (size_t)(2 * (y0 + r) + dy) * wo,
+                                             t0, t0 + npix, wd, b ? b[o] : 0.0f, act);
                 }
-            }
-        }
     }
 }

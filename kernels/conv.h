@@ -1,4 +1,5 @@
-/* Convolutions: conv2d (im2col + GEMM) and 2x2 stride-2 transposed conv. */
+/* Convolutions: conv2d (implicit GEMM at stride 1, else im2col + GEMM) and
+ * 2x2 stride-2 transposed conv. */
 #ifndef MS_CONV_H
 #define MS_CONV_H
 
@@ -10,9 +11,9 @@ MS_HD int conv_out_size(int in, int k, int stride, int pad)
     return (in + 2 * pad - k) / stride + 1;
 }
 
-/* Scratch cap: im2col and the transposed conv's GEMM result are built a band
- * of output rows at a time, so a 2048-channel 3x3 conv on a 128x128 map does
- * not need a 1.2 GB column matrix. At least one row is always allowed. */
+/* Scratch cap: the CPU convs work a band of output rows at a time per
+ * thread, so a 2048-channel 3x3 conv on a 128x128 map does not need a 1.2 GB
+ * column matrix. At least one row is always allowed. */
 #define MS_CONV_SCRATCH_FLOATS ((size_t)4 << 20)
 
 #ifdef __cplusplus
@@ -20,15 +21,28 @@ extern "C" {
 #endif
 
 /* Floats of scratch conv2d_cpu wants (0 for a 1x1 stride-1 unpadded conv,
- * which is one GEMM on the input itself). */
+ * which is GEMMs on the input itself). Sized for a band per OpenMP thread
+ * at the thread count of the call (omp_get_max_threads, which the engine
+ * keeps fixed); given less, the conv runs smaller bands or fewer threads
+ * within what it has. */
 size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad);
 
-/* ws holds ws_floats floats, at least one output row's im2col columns
- * (ci*kh*kw*wo) unless the conv is 1x1/stride 1/pad 0. */
+/* ws holds ws_floats floats: what conv2d_scratch_floats returned, or at
+ * least one output row's im2col columns (ci*kh*kw*wo); none for a 1x1
+ * stride-1 unpadded conv. Stride-1 convs run as an implicit GEMM when ws
+ * holds its repacked weights and one band (the sized amount always does);
+ * else, and at other strides, as conv2d_im2col_cpu. */
 void conv2d_cpu(float *out /* (co, ho, wo) */, const float *in /* (ci, h, w) */,
                 const float *w /* (co, ci, kh, kw) */, const float *b /* (co) or NULL */, int ci,
                 int h, int wd, int co, int kh, int kw, int stride, int pad, ms_act act,
                 float *ws /* (ws_floats) */, size_t ws_floats);
+
+/* The im2col path on its own (tests run stride-1 convs through it too): ws
+ * holds at least ci*kh*kw*wo floats. */
+void conv2d_im2col_cpu(float *out /* (co, ho, wo) */, const float *in /* (ci, h, w) */,
+                       const float *w /* (co, ci, kh, kw) */, const float *b /* (co) or NULL */,
+                       int ci, int h, int wd, int co, int kh, int kw, int stride, int pad,
+                       ms_act act, float *ws /* (ws_floats) */, size_t ws_floats);
 
 size_t conv_transpose2x2_scratch_floats(int ci, int h, int wd, int co);
 

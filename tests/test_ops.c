@@ -21,56 +21,7 @@
 #include "kernels/ops.h"
 #include "kernels/pool.h"
 #include "kernels/resize.h"
-#include "testutil.h"
-
-/* ---------- helpers ---------- */
-
-static ms_backend cpu_backend(void)
-{
-    ms_backend be;
-    memset(&be, 0, sizeof be);
-    be.device = MS_DEVICE_CPU;
-    return be;
-}
-
-static float *falloc(size_t n)
-{
-    float *p = ms_calloc(n, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static double *dalloc(size_t n)
-{
-    double *p = calloc(n, sizeof(double));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static float *frand(size_t n, uint32_t seed, float lo, float hi)
-{
-    float *p = falloc(n);
-    rand_fill(p, n, seed, lo, hi);
-    return p;
-}
-
-/* Fails unless max|got - want| <= tol * (1 + max|want|). */
-static void check_close(const float *got, const double *want, size_t n, double tol,
-                        const char *what)
-{
-    double err = 0, mx = 0;
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)got[i] - want[i]);
-        if (!(e <= err)) {
-            err = isnan(e) ? INFINITY : e;
-            at = i;
-        }
-        if (fabs(want[i]) > mx) mx = fabs(want[i]);
-    }
-    ck_assert_msg(err <= tol * (1.0 + mx), "%s: max error %.3g at %zu (got %.7g want %.7g), bound %.3g",
-                  what, err, at, (double)got[at], want[at], tol * (1.0 + mx));
-}
+#include "testutil_ops.h"
 
 static void check_close_f(const float *got, const float *want, size_t n, double tol,
                           const char *what)
@@ -79,13 +30,6 @@ static void check_close_f(const float *got, const float *want, size_t n, double 
     for (size_t i = 0; i < n; i++) w[i] = want[i];
     check_close(got, w, n, tol, what);
     free(w);
-}
-
-static double naive_act(double x, ms_act act)
-{
-    if (act == MS_ACT_RELU) return x > 0 ? x : 0;
-    if (act == MS_ACT_GELU) return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
-    return x;
 }
 
 /* ---------- linear, layernorm ---------- */

@@ -16,16 +16,7 @@
 #include "kernels/attention_simd.h"
 #include "kernels/cpu_path.h"
 #include "kernels/ops.h"
-#include "testutil.h"
-
-static float *falloc(size_t n)
-{
-    float *p = ms_calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static int n_paths(void) { return cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1; }
+#include "testutil_ops.h"
 
 /* Plain attention: for each head and query, all logits, their max, the sum
  * of exp(logit - max), then the weighted sum of v; in double. *a_max: the
@@ -144,7 +135,7 @@ START_TEST(test_attention_against_two_pass)
         double *want = malloc(sizeof(double) * (size_t)n * c), amax;
         ck_assert_ptr_nonnull(want);
         two_pass_attention(want, qkv, n, c, heads, &amax);
-        for (int pi = 0; pi < n_paths(); pi++) {
+        for (int pi = 0; pi < cpu_path_count(); pi++) {
             ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
             for (int threads = 1; threads <= 2; threads++)
                 check_case(qkv, want, amax, n, c, heads, cases[ci].qb, cases[ci].kb, threads,
@@ -172,7 +163,7 @@ START_TEST(test_exp2_accuracy)
     x[4] = -126.5f;
     x[5] = -1e-30f;
     ms_cpu_path start = cpu_path_get();
-    for (int pi = 0; pi < n_paths(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (int shift_i = 0; shift_i < 2; shift_i++) {
             float shift = shift_i ? 3.25f : 0.0f; /* x - shift, shift applied inside */
@@ -208,7 +199,7 @@ START_TEST(test_tile_softmax_rows)
 {
     enum { NK = 37, NQ = 7 };
     ms_cpu_path start = cpu_path_get();
-    for (int pi = 0; pi < n_paths(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         float tile[NQ * NK], keep[NQ * NK], m[NQ], l[NQ], corr[NQ];
         rand_fill(keep, NQ * NK, 77, -6.0f, 6.0f);

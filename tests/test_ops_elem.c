@@ -24,50 +24,7 @@
 #include "kernels/linear.h"
 #include "kernels/ops.h"
 #include "kernels/resize.h"
-#include "testutil.h"
-
-/* ---------- helpers ---------- */
-
-static ms_backend cpu_backend(void)
-{
-    ms_backend be;
-    memset(&be, 0, sizeof be);
-    be.device = MS_DEVICE_CPU;
-    return be;
-}
-
-static float *falloc(size_t n)
-{
-    float *p = ms_calloc(n ? n : 1, sizeof(float));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static double *dalloc(size_t n)
-{
-    double *p = calloc(n ? n : 1, sizeof(double));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static float *frand(size_t n, uint32_t seed, float lo, float hi)
-{
-    float *p = falloc(n);
-    rand_fill(p, n, seed, lo, hi);
-    return p;
-}
-
-static void set_threads(int t)
-{
-#ifdef _OPENMP
-    omp_set_num_threads(t);
-#else
-    (void)t;
-#endif
-}
-
-/* The CPU paths to try: every one this build and CPU run. */
-static int path_count(void) { return cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1; }
+#include "testutil_ops.h"
 
 static void use_path(int pi)
 {
@@ -151,7 +108,7 @@ START_TEST(test_resize_bilinear_paths)
         {2, 17, 23, 67, 1100, 0}, {1, 64, 96, 9, 13, 0}, {37, 4, 5, 16, 20, 0},
         {1, 2, 600, 5, 1030, 0}, {3, 11, 3, 11, 3, 0},   {1, 33, 47, 129, 130, 0},
     };
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         for (int t = 1; t <= 2; t++) {
             set_threads(t);
@@ -207,7 +164,7 @@ START_TEST(test_resize_bilinear_nonfinite)
     in[13] = INFINITY;
     in[19] = -INFINITY;
     old_bilinear(old, in, 1, h, w, ho, wo, 0, ho, 0, 0);
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         ck_assert_int_eq(op_resize_bilinear(&be, out, in, 1, h, w, ho, wo, 0, 0), MS_OK);
         for (int i = 0; i < ho * wo; i++) {
@@ -235,7 +192,7 @@ START_TEST(test_gelu_vs_double)
         x[i] = (float)(30.0 * u * u * u);         /* dense near 0 */
         b[i] = (i % 7) * 0.001f;
     }
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         memcpy(y, x, n * sizeof(float));
         ew_bias_act_cols(y, b, 1, n, n, MS_ACT_GELU);
@@ -272,7 +229,7 @@ START_TEST(test_bias_act_specials_and_exact)
     float *x = frand((size_t)rows * ld, 21, -6, 6), *b = frand(cols, 22, -1, 1);
     for (int i = 0; i < ns; i++) x[(size_t)(i % rows) * ld + (i * 3) % cols] = sp[i];
     float *y = falloc((size_t)rows * ld);
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         for (int a = 0; a < 3; a++) {
             ms_act act = (ms_act)a;
@@ -316,7 +273,7 @@ START_TEST(test_linear_fused_epilogue)
 {
     const int sizes[][3] = {{67, 97, 161}, {5, 29, 23}, {203, 64, 96}, {1, 300, 7}};
     ms_backend be = cpu_backend();
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         for (int sz = 0; sz < 4; sz++) {
             int n = sizes[sz][0], cin = sizes[sz][1], cout = sizes[sz][2];
@@ -377,7 +334,7 @@ START_TEST(test_layernorm_paths)
      * the spread stays O(1), so the variance is what a float one-pass sum
      * would lose */
     const float offsets[] = {0.0f, 300.0f, -4096.0f, 1e5f};
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         for (int wi = 0; wi < 6; wi++) {
             const int n = 9, c = widths[wi];
@@ -426,7 +383,7 @@ START_TEST(test_add_softmax_paths)
     ms_backend be = cpu_backend();
     /* lengths around the 16384-element work items and vector tails */
     const size_t lens[] = {1, 7, 8, 9, 16383, 16384, 16385, 3 * 16384 + 5};
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         for (int t = 1; t <= 2; t++) {
             set_threads(t);
@@ -472,7 +429,7 @@ START_TEST(test_argmax_paths)
     ms_backend be = cpu_backend();
     const int shapes[][3] = {{1, 3, 5}, {2, 16, 16}, {12, 9, 29}, {150, 7, 37}, {256, 3, 87},
                              {19, 1, 257}, {3, 33, 31}};
-    for (int pi = 0; pi < path_count(); pi++) {
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
         use_path(pi);
         for (int t = 1; t <= 2; t++) {
             set_threads(t);

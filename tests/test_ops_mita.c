@@ -15,7 +15,7 @@
 #include "kernels/mita.h"
 #include "kernels/mita_simd.h"
 #include "kernels/ops.h"
-#include "testutil.h"
+#include "testutil_ops.h"
 
 typedef struct {
     int hp, wp, ncls, heads, d, gh, gw, k; /* gh, gw, k as given (clamped here) */
@@ -171,7 +171,7 @@ static got_result mita_run(const float *qkv, const mita_case *tc, const ref_resu
 static void got_free(got_result *g) { free(g->out), free(g->mass), free(g->topk), free(g->route); }
 
 /* Fails unless max|got - want| <= tol * (1 + max|want|). */
-static void check_close(const float *got, const double *want, size_t n, double tol,
+static void check_close_case(const float *got, const double *want, size_t n, double tol,
                         const char *what, int cs)
 {
     double err = 0, mx = 0;
@@ -199,8 +199,8 @@ static int check_case(const float *qkv, const mita_case *tc, int cs)
         for (size_t i = 0; i < (size_t)tc->heads * r.n; i++)
             ck_assert_msg(g.route[i] == r.route[i], "case %d, %d threads: route[%zu] = %d, want %d",
                           cs, chunks, i, g.route[i], r.route[i]);
-        check_close(g.out, r.out, (size_t)r.n * r.c, 2e-5, "out", cs);
-        check_close(g.mass, r.mass, (size_t)tc->heads * r.n, 1e-5, "shared mass", cs);
+        check_close_case(g.out, r.out, (size_t)r.n * r.c, 2e-5, "out", cs);
+        check_close_case(g.mass, r.mass, (size_t)tc->heads * r.n, 1e-5, "shared mass", cs);
         got_free(&g);
     }
     for (int h = 0; h < tc->heads; h++)
@@ -322,7 +322,7 @@ START_TEST(test_mita_op_threads)
         ck_assert_int_eq(op_mita(&be, g.out, qkv, tc.hp, tc.wp, c, tc.heads, &p, &rec), MS_OK);
         ck_assert_mem_eq(g.topk, r.topk, (size_t)tc.heads * r.m * r.k * sizeof(int32_t));
         ck_assert_mem_eq(g.route, r.route, (size_t)tc.heads * n * sizeof(int32_t));
-        check_close(g.out, r.out, (size_t)n * c, 2e-5, "op out", threads);
+        check_close_case(g.out, r.out, (size_t)n * c, 2e-5, "op out", threads);
         got_free(&g);
     }
     ref_free(&r);
@@ -406,7 +406,7 @@ START_TEST(test_mita_paths_agree)
     ck_assert_mem_eq(g[0].route, g[1].route, (size_t)tc.heads * r.n * sizeof(int32_t));
     double *o = xcalloc((size_t)r.n * r.c, sizeof(double));
     for (size_t i = 0; i < (size_t)r.n * r.c; i++) o[i] = g[0].out[i];
-    check_close(g[1].out, o, (size_t)r.n * r.c, 1e-5, "v3 vs base", 0);
+    check_close_case(g[1].out, o, (size_t)r.n * r.c, 1e-5, "v3 vs base", 0);
     free(o);
     got_free(&g[0]), got_free(&g[1]);
     ref_free(&r);

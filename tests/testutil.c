@@ -1,5 +1,6 @@
 #define _XOPEN_SOURCE 700 /* nftw */
 #include "testutil.h"
+#include "testutil_ops.h"
 
 #include <ftw.h>
 #include <math.h>
@@ -9,6 +10,10 @@
 #include <unistd.h>
 
 #include "kernels/common.h"
+#include "kernels/cpu_path.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 const char *fixture_path(const char *name)
 {
@@ -109,3 +114,66 @@ uint8_t *read_bytes(const char *path, size_t *n)
     fclose(f);
     return p;
 }
+
+ms_backend cpu_backend(void)
+{
+    ms_backend be;
+    memset(&be, 0, sizeof be);
+    be.device = MS_DEVICE_CPU;
+    return be;
+}
+
+float *falloc(size_t n)
+{
+    float *p = ms_calloc(n ? n : 1, sizeof(float));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+double *dalloc(size_t n)
+{
+    double *p = calloc(n ? n : 1, sizeof(double));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+float *frand(size_t n, uint32_t seed, float lo, float hi)
+{
+    float *p = falloc(n);
+    rand_fill(p, n, seed, lo, hi);
+    return p;
+}
+
+void check_close(const float *got, const double *want, size_t n, double tol, const char *what)
+{
+    double err = 0, mx = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) {
+            err = isnan(e) ? INFINITY : e;
+            at = i;
+        }
+        if (fabs(want[i]) > mx) mx = fabs(want[i]);
+    }
+    ck_assert_msg(err <= tol * (1.0 + mx), "%s: max error %.3g at %zu (got %.7g want %.7g), bound %.3g",
+                  what, err, at, (double)got[at], want[at], tol * (1.0 + mx));
+}
+
+double naive_act(double x, ms_act act)
+{
+    if (act == MS_ACT_RELU) return x > 0 ? x : 0;
+    if (act == MS_ACT_GELU) return 0.5 * x * (1.0 + erf(x / sqrt(2.0)));
+    return x;
+}
+
+void set_threads(int t)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(t);
+#else
+    (void)t;
+#endif
+}
+
+int cpu_path_count(void) { return cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1; }

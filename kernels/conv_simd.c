@@ -1,0 +1,47 @@
+/* Built once per CPU path (cpu_path.h): the convolutions' output passes as
+ * plain loops the compiler vectorises. ReLU and no activation vectorise;
+ * GELU calls the scalar erff (as act_apply does). */
+#include "conv_simd.h"
+#include "linear.h" /* act_apply */
+
+void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */, int n,
+                                   float bias, ms_act act)
+{
+    if (act == MS_ACT_RELU) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) {
+            float v = src[i] + bias;
+            dst[i] = v > 0.0f ? v : 0.0f;
+        }
+    } else if (act == MS_ACT_NONE) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) dst[i] = src[i] + bias;
+    } else {
+        for (int i = 0; i < n; i++) dst[i] = act_apply(src[i] + bias, act);
+    }
+}
+
+void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0 /* (n) */,
+                                          const float *t1 /* (n) */, int n, float bias,
+                                          ms_act act)
+{
+    if (act == MS_ACT_RELU) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) {
+            float a = t0[i] + bias, b = t1[i] + bias;
+            dst[2 * i] = a > 0.0f ? a : 0.0f;
+            dst[2 * i + 1] = b > 0.0f ? b : 0.0f;
+        }
+    } else if (act == MS_ACT_NONE) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) {
+            dst[2 * i] = t0[i] + bias;
+            dst[2 * i + 1] = t1[i] + bias;
+        }
+    } else {
+        for (int i = 0; i < n; i++) {
+            dst[2 * i] = act_apply(t0[i] + bias, act);
+            dst[2 * i + 1] = act_apply(t1[i] + bias, act);
+        }
+    }
+}

@@ -1,0 +1,283 @@
+/* The CPU convolution paths (kernels/conv.c, kernels/conv_simd.c) against a
+ * plain direct convolution written here (double accumulation): the 1x1
+ * GEMM-in-chunks path, the stride-1 implicit GEMM, the im2col path (also run
+ * directly on stride-1 convs), their fused bias/activation output passes,
+ * and the 2x2 transposed conv. Odd sizes (h, w in 1, 2, 7, 33; channel
+ * counts that are not multiples of 8), stride 1 and 2, pad 0/1/3, kernels
+ * 1, 3 and 7, bias on and off, every activation; workspaces from the sizing
+ * function down to one im2col row (many bands, fewer threads, the fallback
+ * from implicit to im2col); 1, 2 and 3 threads; every CPU path this machine
+ * has (and CMake runs the file again with MS_CPU_PATH=base).
+ *
+ * Every workspace is filled with NaN (a junk value that reached an output
+ * would show) and followed by guard floats that must stay untouched (the
+ * sizing functions are what callers size the activation arena from).
+ *
+ * Tolerance: sums of up to 17*49 O(1) terms in float against double,
+ * reassociated differently by each path: 1e-5 * (1 + max|want|), as the
+ * conv cases of test_ops. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kernels/conv.h"
+#include "kernels/cpu_path.h"
+#include "testutil_ops.h"
+
+#define GUARD 64
+#define GUARD_VALUE 12345.0f
+#define TOL 1e-5
+
+static int max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* A workspace of n floats, NaN-filled, with GUARD guard floats after it. */
+static float *ws_alloc(size_t n)
+{
+    float *ws = falloc(n + GUARD);
+    for (size_t i = 0; i < n; i++) ws[i] = NAN;
+    for (size_t i = 0; i < GUARD; i++) ws[n + i] = GUARD_VALUE;
+    return ws;
+}
+
+static void ws_check_free(float *ws, size_t n, const char *what)
+{
+    for (size_t i = 0; i < GUARD; i++)
+        ck_assert_msg(ws[n + i] == GUARD_VALUE, "%s: wrote past the workspace (%zu floats)", what,
+                      n);
+    ms_free(ws);
+}
+
+static void naive_conv2d(double *out /* (co, ho, wo) */, const float *in /* (ci, h, wd) */,
+                         const float *w /* (co, ci, k, k) */, const float *b, int ci, int h,
+                         int wd, int co, int k, int stride, int pad, ms_act act)
+{
+    int ho = conv_out_size(h, k, stride, pad), wo = conv_out_size(wd, k, stride, pad);
+    for (int o = 0; o < co; o++)
+        for (int y = 0; y < ho; y++)
+            for (int x = 0; x < wo; x++) {
+                double s = b ? b[o] : 0.0;
+                for (int c = 0; c < ci; c++)
+                    for (int ky = 0; ky < k; ky++)
+                        for (int kx = 0; kx < k; kx++) {
+                            int iy = y * stride - pad + ky, ix = x * stride - pad + kx;
+                            if (iy < 0 || iy >= h || ix < 0 || ix >= wd) continue;
+                            s += (double)in[((size_t)c * h + iy) * wd + ix] *
+                                 w[(((size_t)o * ci + c) * k + ky) * k + kx];
+                        }
+                out[((size_t)o * ho + y) * wo + x] = naive_act(s, act);
+            }
+}
+
+/* ---------- conv2d ---------- */
+
+static const int conv_hw[][2] = {{1, 1}, {2, 7}, {7, 2}, {33, 7}, {7, 33}, {33, 33}};
+static const int conv_ksp[][3] = {/* kernel, stride, pad */
+                                  {1, 1, 0}, {1, 1, 1}, {1, 2, 0}, {3, 1, 1}, {3, 1, 0},
+                                  {3, 2, 1}, {3, 2, 0}, {7, 1, 3}, {7, 2, 3}};
+static const int conv_cico[][2] = {{3, 5}, {11, 13}, {9, 1}, {17, 7}};
+
+/* One conv through every entry point and workspace size, on the current
+ * path and thread count. */
+static void conv_case(int ci, int h, int wd, int co, int k, int st, int pad, bool bias,
+                      ms_act act, uint32_t seed)
+{
+    int ho = conv_out_size(h, k, st, pad), wo = conv_out_size(wd, k, st, pad);
+    size_t no = (size_t)co * ho * wo;
+    float *in = frand((size_t)ci * h * wd, seed, -1.0f, 1.0f), *w = frand((size_t)co * ci * k * k, seed + 1, -1.0f, 1.0f);
+    float *b = bias ? frand(co, seed + 2, -1.0f, 1.0f) : NULL, *out = falloc(no);
+    double *want = dalloc(no);
+    naive_conv2d(want, in, w, b, ci, h, wd, co, k, st, pad, act);
+    char what[160];
+    snprintf(what, sizeof what, "conv ci %d %dx%d co %d k %d s %d p %d bias %d act %d path %s "
+             "threads %d", ci, h, wd, co, k, st, pad, bias, act, cpu_path_name(cpu_path_get()),
+             max_threads());
+
+    size_t full = conv2d_scratch_floats(ci, h, wd, co, k, k, st, pad);
+    size_t row = (size_t)ci * k * k * wo; /* the contract's minimum */
+    bool pointwise = k == 1 && st == 1 && pad == 0;
+    if (pointwise) {
+        ck_assert_uint_eq(full, 0);
+        for (size_t i = 0; i < no; i++) out[i] = NAN;
+        conv2d_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, act, NULL, 0);
+        check_close(out, want, no, TOL, what);
+    } else {
+        /* the implicit GEMM may want less than one im2col row */
+        if (st != 1) ck_assert_uint_ge(full, row);
+        /* from the sized workspace down to one row: fewer and smaller bands,
+         * fewer threads, then (stride 1) the fall-back to im2col; the
+         * contract is either size, so below both only the sized one */
+        const size_t div[][2] = {{1, 1}, {3, 4}, {1, 2}, {1, 3}, {1, 5}, {1, 9}, {0, 1}};
+        for (size_t d = 0; d < sizeof div / sizeof div[0]; d++) {
+            size_t n = full * div[d][0] / div[d][1];
+            if (n < row && n < full) n = row;
+            float *ws = ws_alloc(n);
+            for (size_t i = 0; i < no; i++) out[i] = NAN;
+            conv2d_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, act, ws, n);
+            check_close(out, want, no, TOL, what);
+            ws_check_free(ws, n, what);
+        }
+        /* the im2col path itself: one row, 2.5 rows, all rows */
+        const size_t rows_x2[] = {2, 5, 2 * (size_t)ho};
+        for (size_t r = 0; r < 3; r++) {
+            size_t n = row * rows_x2[r] / 2;
+            float *ws = ws_alloc(n);
+            for (size_t i = 0; i < no; i++) out[i] = NAN;
+            conv2d_im2col_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, act, ws, n);
+            check_close(out, want, no, TOL, what);
+            ws_check_free(ws, n, what);
+        }
+    }
+    ms_free(in); ms_free(w); ms_free(b); ms_free(out); free(want);
+}
+
+START_TEST(test_conv2d_paths)
+{
+    ms_cpu_path start = cpu_path_get();
+    int start_threads = max_threads(), cases = 0;
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (int t = 1; t <= 3; t++) {
+            set_threads(t);
+            uint32_t seed = 1000;
+            for (size_t s = 0; s < sizeof conv_hw / sizeof conv_hw[0]; s++)
+                for (size_t g = 0; g < sizeof conv_ksp / sizeof conv_ksp[0]; g++) {
+                    int h = conv_hw[s][0], wd = conv_hw[s][1];
+                    int k = conv_ksp[g][0], st = conv_ksp[g][1], pad = conv_ksp[g][2];
+                    if (conv_out_size(h, k, st, pad) < 1 || conv_out_size(wd, k, st, pad) < 1)
+                        continue;
+                    size_t c = (s + g) % (sizeof conv_cico / sizeof conv_cico[0]);
+                    bool bias = (s + g) % 2 == 0;
+                    ms_act act = (ms_act)((s * 2 + g) % 3);
+                    conv_case(conv_cico[c][0], h, wd, conv_cico[c][1], k, st, pad, bias, act,
+                              seed += 3);
+                    cases++;
+                }
+        }
+    }
+    ck_assert_int_ge(cases, 100);
+    set_threads(start_threads);
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
+/* Wider than one band at this project's shapes' band width (stride-1 3x3
+ * over 96 output columns, 40 rows) and every activation with bias. */
+START_TEST(test_conv2d_many_bands)
+{
+    ms_cpu_path start = cpu_path_get();
+    int start_threads = max_threads();
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (int t = 1; t <= 2; t++) {
+            set_threads(t);
+            for (int act = 0; act < 3; act++)
+                conv_case(12, 40, 96, 10, 3, 1, 1, true, (ms_act)act, 2000 + act);
+        }
+    }
+    set_threads(start_threads);
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
+/* Called from inside a parallel region (as when images run in parallel),
+ * each conv runs on its own thread within the workspace sized outside. */
+START_TEST(test_conv2d_nested)
+{
+    const int ci = 7, h = 9, wd = 11, co = 6, k = 3;
+    int ho = h, wo = wd;
+    size_t no = (size_t)co * ho * wo, n = conv2d_scratch_floats(ci, h, wd, co, k, k, 1, 1);
+    float *in = frand((size_t)ci * h * wd, 3000, -1.0f, 1.0f), *w = frand((size_t)co * ci * k * k, 3001, -1.0f, 1.0f);
+    float *b = frand(co, 3002, -1.0f, 1.0f);
+    double *want = dalloc(no);
+    naive_conv2d(want, in, w, b, ci, h, wd, co, k, 1, 1, MS_ACT_RELU);
+    float *outs[2], *wss[2];
+    for (int i = 0; i < 2; i++) {
+        outs[i] = falloc(no);
+        wss[i] = ws_alloc(n);
+    }
+#pragma omp parallel for num_threads(2)
+    for (int i = 0; i < 2; i++)
+        conv2d_cpu(outs[i], in, w, b, ci, h, wd, co, k, k, 1, 1, MS_ACT_RELU, wss[i], n);
+    for (int i = 0; i < 2; i++) {
+        check_close(outs[i], want, no, TOL, "nested conv");
+        ws_check_free(wss[i], n, "nested conv");
+        ms_free(outs[i]);
+    }
+    ms_free(in); ms_free(w); ms_free(b); free(want);
+}
+END_TEST
+
+/* ---------- 2x2 transposed conv ---------- */
+
+START_TEST(test_conv_transpose_paths)
+{
+    ms_cpu_path start = cpu_path_get();
+    int start_threads = max_threads();
+    const int cases[][4] = {{3, 1, 1, 5}, {7, 2, 33, 3}, {11, 33, 7, 9}, {5, 7, 7, 1}};
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (int t = 1; t <= 3; t++) {
+            set_threads(t);
+            for (size_t cs = 0; cs < sizeof cases / sizeof cases[0]; cs++) {
+                int ci = cases[cs][0], h = cases[cs][1], wd = cases[cs][2], co = cases[cs][3];
+                size_t no = (size_t)co * 4 * h * wd;
+                float *in = frand((size_t)ci * h * wd, 4000 + cs, -1.0f, 1.0f);
+                float *w = frand((size_t)ci * co * 4, 4010 + cs, -1.0f, 1.0f), *b = frand(co, 4020 + cs, -1.0f, 1.0f);
+                float *out = falloc(no);
+                double *want = dalloc(no);
+                for (int act = 0; act < 3; act++) {
+                    const float *bias = (cs + act) % 2 ? NULL : b;
+                    for (int o = 0; o < co; o++)
+                        for (int y = 0; y < 2 * h; y++)
+                            for (int x = 0; x < 2 * wd; x++) {
+                                double s = bias ? bias[o] : 0.0;
+                                for (int c = 0; c < ci; c++)
+                                    s += (double)in[((size_t)c * h + y / 2) * wd + x / 2] *
+                                         w[(((size_t)c * co + o) * 2 + y % 2) * 2 + x % 2];
+                                want[((size_t)o * 2 * h + y) * 2 * wd + x] =
+                                    naive_act(s, (ms_act)act);
+                            }
+                    size_t row = (size_t)4 * co * wd;
+                    size_t sizes[3] = {conv_transpose2x2_scratch_floats(ci, h, wd, co), row,
+                                       row * 5 / 2};
+                    for (int z = 0; z < 3; z++) {
+                        float *ws = ws_alloc(sizes[z]);
+                        for (size_t i = 0; i < no; i++) out[i] = NAN;
+                        conv_transpose2x2_cpu(out, in, w, bias, ci, h, wd, co, (ms_act)act, ws,
+                                              sizes[z]);
+                        check_close(out, want, no, TOL, "conv_transpose2x2");
+                        ws_check_free(ws, sizes[z], "conv_transpose2x2");
+                    }
+                }
+                ms_free(in); ms_free(w); ms_free(b); ms_free(out); free(want);
+            }
+        }
+    }
+    set_threads(start_threads);
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ops_conv");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_conv2d_paths);
+    tcase_add_test(tc, test_conv2d_many_bands);
+    tcase_add_test(tc, test_conv2d_nested);
+    tcase_add_test(tc, test_conv_transpose_paths);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
