@@ -28,7 +28,7 @@
 /* Top-k prefilter sample: at most this many times k scores of the row (and
  * at most a quarter of it), so that few scores pass its threshold and the
  * vector pass skips most blocks of the row. */
-#define MITA_TOPK_SAMPLE 16
+#define MITA_TOPK_SAMPLE 64
 
 /* Queries per routed GEMM block: the (QB, k) logit tile and (QB, d) output
  * stay in L2 next to the expert's keys and values. */
