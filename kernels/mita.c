@@ -224,7 +224,7 @@ static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */, int c, 
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, m, d, 1.0f,
                 qkv + (size_t)n0 * ld + (size_t)h * d, (int)ld, w->land + (size_t)h * d, c, 0.0f,
                 w->scores + (size_t)n0 * m, m);
-    mita_argmax_rows(w->route + n0, w->scores + (size_t)n0 * m, n1 - n0, m);
+    for (int qi = n0; qi < n1; qi++) w->route[qi] = argmax_first(w->scores + (size_t)qi * m, m, 1);
 }
 
 /* Counting sort of the queries by expert (stable: ascending query within an

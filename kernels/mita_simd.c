@@ -10,28 +10,6 @@ float MS_SIMD_FN(mita_max)(const float *x, int n)
     return m;
 }
 
-/* Per row a vector max, then the first position that holds it: the same
- * position as argmax_first's scalar chain of compares (which the routing
- * ran at one element per compare-and-move latency), NaNs after x[0]
- * skipped alike. All rows in one call: one dispatch per head, not per
- * query. */
-void MS_SIMD_FN(mita_argmax_rows)(int32_t *idx, const float *x, int rows, int n)
-{
-    for (int r = 0; r < rows; r++) {
-        const float *row = x + (size_t)r * n;
-        float m = row[0];
-        if (m != m) { /* argmax_first keeps a NaN x[0] */
-            idx[r] = 0;
-            continue;
-        }
-#pragma omp simd reduction(max : m)
-        for (int i = 1; i < n; i++) m = row[i] > m ? row[i] : m;
-        int i = 0;
-        while (!(row[i] == m)) i++;
-        idx[r] = i;
-    }
-}
-
 /* Blocks of 32 tested at once with an OR of the compares: in a top-k scan
  * almost no element beats the heap's worst, so nearly every block is one
  * vector pass and a branch. */

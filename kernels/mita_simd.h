@@ -13,10 +13,6 @@ extern "C" {
 
 /* The largest of x[0..n), n >= 1 (unspecified where x holds a NaN). */
 MS_SIMD_DECLARE(float, mita_max, (const float *x /* (n) */, int n));
-/* idx[r] = argmax_first(x + r n, n, 1): the first i of the row's largest,
- * n >= 1; NaNs after the row's first are skipped, a NaN first gives 0. */
-MS_SIMD_DECLARE(void, mita_argmax_rows,
-                (int32_t *idx /* (rows) */, const float *x /* (rows, n) */, int rows, int n));
 /* The first i in [0, n) with x[i] > thr, or n. */
 MS_SIMD_DECLARE(int, mita_first_above, (const float *x /* (n) */, int n, float thr));
 /* Appends the x[i] >= t to val and their i to pos, in order; returns how
@@ -30,10 +26,6 @@ MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */,
 MS_SIMD_DECLARE(void, mita_scale_row, (float *x /* (n) */, int n, float a));
 
 static inline float mita_max(const float *x, int n) { return MS_SIMD_CALL(mita_max, x, n); }
-static inline void mita_argmax_rows(int32_t *idx, const float *x, int rows, int n)
-{
-    MS_SIMD_CALL(mita_argmax_rows, idx, x, rows, n);
-}
 static inline int mita_first_above(const float *x, int n, float thr)
 {
     return MS_SIMD_CALL(mita_first_above, x, n, thr);

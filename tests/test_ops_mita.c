@@ -30,14 +30,6 @@ typedef struct {
     double *mass;   /* (heads, n), reported order */
 } ref_result;
 
-/* mita_argmax_rows on the one row x (n), against argmax_first. */
-static void check_argmax(const float *x, int n)
-{
-    int32_t got = -1;
-    mita_argmax_rows(&got, x, 1, n);
-    ck_assert_int_eq(got, argmax_first(x, n, 1));
-}
-
 static void *xcalloc(size_t n, size_t sz)
 {
     void *p = calloc(n, sz);
@@ -333,8 +325,7 @@ END_TEST
 START_TEST(test_mita_row_helpers_paths)
 {
     /* The vector helpers on every path the CPU runs, at lengths with and
-     * without tails, against plain loops (argmax: against argmax_first,
-     * with ties, NaNs and signed zeros); thresholds hit exactly. */
+     * without tails, against plain loops; thresholds hit exactly. */
     ms_cpu_path start = cpu_path_get();
     int n_paths = cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1;
     float x[203], acc[203], want[203], val[203];
@@ -346,24 +337,6 @@ START_TEST(test_mita_row_helpers_paths)
             float mx = x[0];
             for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
             ck_assert(mita_max(x, n) == mx);
-            check_argmax(x, n); /* ties: x repeats */
-            float keep = x[0];
-            x[n - 1] = NAN; /* skipped after x[0]; a NaN x[0] wins */
-            check_argmax(x, n);
-            x[0] = NAN;
-            check_argmax(x, n);
-            x[0] = -0.0f;
-            if (n > 1) x[1] = 0.0f; /* signed zeros compare equal */
-            for (int i = 2; i < n; i++) x[i] = -1.0f;
-            check_argmax(x, n);
-            x[0] = keep;
-            for (int i = 1; i < n; i++) x[i] = (float)((i * 37 + n) % 29) * 0.5f - 7.0f;
-            if (n % 7 == 0) { /* as rows of 7: one call, each row its own */
-                int32_t got[29];
-                mita_argmax_rows(got, x, n / 7, 7);
-                for (int r = 0; r < n / 7; r++)
-                    ck_assert_int_eq(got[r], argmax_first(x + 7 * r, 7, 1));
-            }
             for (float t = -8.0f; t <= 8.0f; t += 0.5f) { /* includes every value of x */
                 int first = n, nc = 0;
                 for (int i = n - 1; i >= 0; i--) first = x[i] > t ? i : first;
