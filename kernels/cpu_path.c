@@ -1,6 +1,9 @@
 #include "cpu_path.h"
 
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdlib.h>
 
 static ms_cpu_path cpu_path_current = MS_CPU_PATH_BASE;
@@ -10,11 +13,18 @@ bool cpu_path_supported(ms_cpu_path p)
 {
     if (p == MS_CPU_PATH_BASE) return true;
 #if defined(MS_SIMD_HAVE_V3) && (defined(__x86_64__) || defined(__i386__))
+    if (p != MS_CPU_PATH_V3) return false;
     __builtin_cpu_init();
-    /* x86-64-v3 also has BMI1/2, LZCNT and MOVBE; the compiler may use them. */
-    return p == MS_CPU_PATH_V3 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") &&
-           __builtin_cpu_supports("f16c") && __builtin_cpu_supports("movbe");
+    /* x86-64-v3 also has F16C, MOVBE and LZCNT; the compiler may use them.
+     * Read from CPUID: clang's __builtin_cpu_supports does not know them. */
+    unsigned a, b, c, d, c_ext = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    unsigned a2, b2, d2;
+    if (__get_cpuid(0x80000001u, &a2, &b2, &c_ext, &d2) == 0) c_ext = 0;
+    bool f16c = c & (1u << 29), movbe = c & (1u << 22), lzcnt = c_ext & (1u << 5);
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && f16c && movbe &&
+           lzcnt;
 #else
     return false;
 #endif
