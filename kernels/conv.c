@@ -4,7 +4,9 @@
  * writes the output while the GEMM's result is still in cache (BatchNorm is
  * folded into weight and bias at load, app/engine.c).
  * - 1x1 stride 1 unpadded: a GEMM on the input itself, in column chunks.
- * - other stride-1 convs (the 3x3 ConvModules of neck and head): implicit
+ * - 3x3 stride-1 pad-1 convs of 64-256 input and 64+ output channels (the
+ *   neck's and the FPN's ConvModules): Winograd F(2x2, 3x3), below.
+ * - other stride-1 convs (the head's wide bottlenecks, narrow convs): implicit
  *   GEMM. The band's input rows are copied once, zero-padded, with row
  *   length wp = w + 2 pad; kernel tap (ky, kx) is then a GEMM whose B is that
  *   copy shifted by ky*wp + kx, accumulated into a band result of row length
@@ -16,6 +18,7 @@
  * pass. */
 #include "conv.h"
 
+#include <limits.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -203,6 +206,182 @@ static void conv2d_implicit(float *out /* (co, ho, wo) */, const float *in /* (c
     }
 }
 
+/* ---------- Winograd F(2x2, 3x3) (3x3, stride 1, pad 1) ----------
+ *
+ * Lavin & Gray's minimal filtering: output tile (2x2) t = A^T [(G g G^T) .*
+ * (B^T d B)] A over a 4x4 input tile d that starts one row and column above
+ * it (the pad). Per band of tile rows, the input tiles are transformed into
+ * V (16, ci, tiles), the 16 element-wise products become 16 GEMMs M_k (co,
+ * tiles) = U_k (co, ci) @ V_k (ci, tiles), and the output pass applies A^T
+ * m A, the bias and the activation. 16 GEMMs of ci*co*tiles multiply-adds
+ * replace the implicit GEMM's 9 of ci*co*4*tiles: 2.25x fewer, for a little
+ * more rounding (the transforms' sums; still within the float tolerances of
+ * tests/test_ops_conv.c and the goldens). Narrow convs keep the implicit
+ * GEMM, whose fewer, larger GEMMs win when the transforms are a larger share. */
+#define WINO_MIN_CH 64
+#define WINO_MAX_CI 256
+#ifndef WINO_BAND_FLOATS
+#define WINO_BAND_FLOATS ((size_t)1 << 18)
+#endif
+
+static bool conv2d_is_wino(int ci, int co, int kh, int kw, int stride, int pad)
+{
+    return kh == 3 && kw == 3 && stride == 1 && pad == 1 && ci >= WINO_MIN_CH &&
+           ci <= WINO_MAX_CI && co >= WINO_MIN_CH;
+}
+
+/* Per tile row of tw tiles: V and M (16 (ci + co) tw); fixed: four padded
+ * input rows (wp = 2 tw + 2) and two output rows (2 * 2 tw). */
+static void wino_costs(size_t *per_row, size_t *fixed, int ci, int co, int tw)
+{
+    *per_row = round16((size_t)16 * (ci + co) * tw);
+    *fixed = round16((size_t)4 * (2 * tw + 2)) + round16((size_t)4 * tw) + 32;
+}
+
+static size_t wino_weight_floats(int ci, int co) { return round16((size_t)16 * co * ci); }
+
+static band_plan wino_plan(int ci, int h, int wd, int co, int threads, size_t avail)
+{
+    int th = (h + 1) / 2, tw = (wd + 1) / 2;
+    size_t per_row, fixed;
+    wino_costs(&per_row, &fixed, ci, co, tw);
+    /* bands whose V and M fit in about WINO_BAND_FLOATS (L2): band_plan_make
+     * takes rows = CONV_BAND_COLS / row_cols */
+    size_t tiles = WINO_BAND_FLOATS / (16 * (size_t)(ci + co));
+    size_t row_cols = (size_t)tw * CONV_BAND_COLS / (tiles > 0 ? tiles : 1);
+    return band_plan_make(th, row_cols < INT_MAX ? (int)row_cols : INT_MAX, per_row, fixed,
+                          threads, avail);
+}
+
+/* U_k (k = 4 i + j) = (G g G^T)[i][j] for every (o, c), G = [1 0 0; 1/2 1/2
+ * 1/2; 1/2 -1/2 1/2; 0 0 1]. */
+static void wino_weights(float *u /* (16, co, ci) */, const float *w /* (co, ci, 3, 3) */,
+                         int ci, int co, int o)
+{
+    for (int c = 0; c < ci; c++) {
+        const float *g = w + ((size_t)o * ci + c) * 9;
+        float t[4][3]; /* G g */
+        for (int j = 0; j < 3; j++) {
+            t[0][j] = g[j];
+            t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+            t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+            t[3][j] = g[6 + j];
+        }
+        for (int i = 0; i < 4; i++) {
+            float v[4] = {t[i][0], 0.5f * (t[i][0] + t[i][1] + t[i][2]),
+                          0.5f * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
+            for (int j = 0; j < 4; j++) u[((size_t)(4 * i + j) * co + o) * ci + c] = v[j];
+        }
+    }
+}
+
+/* V (16, ci, nt) for tile rows [ty0, ty0+trows): B^T d B with B^T = [1 0 -1
+ * 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]; d's rows come from rows, four padded
+ * copies of input rows (zeros outside the image). */
+static void wino_input(float *v /* (16, ci, nt) */, float *rows /* (4, wp) */,
+                       const float *in /* (ci, h, wd) */, int ci, int h, int wd, int ty0,
+                       int trows)
+{
+    const int tw = (wd + 1) / 2, wp = 2 * tw + 2;
+    const size_t nt = (size_t)trows * tw, kst = (size_t)ci * nt;
+    for (int c = 0; c < ci; c++) {
+        const float *plane = in + (size_t)c * h * wd;
+        for (int r = 0; r < trows; r++) {
+            for (int i = 0; i < 4; i++) {
+                float *d = rows + (size_t)i * wp;
+                int iy = 2 * (ty0 + r) - 1 + i;
+                memset(d, 0, (size_t)wp * sizeof(float));
+                if (iy >= 0 && iy < h) memcpy(d + 1, plane + (size_t)iy * wd, (size_t)wd * sizeof(float));
+            }
+            const float *d0 = rows, *d1 = rows + wp, *d2 = rows + 2 * wp, *d3 = rows + 3 * wp;
+            float *vt = v + (size_t)c * nt + (size_t)r * tw;
+#pragma omp simd
+            for (int x = 0; x < tw; x++) {
+                const int j = 2 * x;
+                /* columns: B^T along y first (rows t0..t3), then along x */
+                float t[4][4];
+                for (int q = 0; q < 4; q++) {
+                    t[0][q] = d0[j + q] - d2[j + q];
+                    t[1][q] = d1[j + q] + d2[j + q];
+                    t[2][q] = d2[j + q] - d1[j + q];
+                    t[3][q] = d1[j + q] - d3[j + q];
+                }
+                for (int p = 0; p < 4; p++) {
+                    vt[(size_t)(4 * p + 0) * kst + x] = t[p][0] - t[p][2];
+                    vt[(size_t)(4 * p + 1) * kst + x] = t[p][1] + t[p][2];
+                    vt[(size_t)(4 * p + 2) * kst + x] = t[p][2] - t[p][1];
+                    vt[(size_t)(4 * p + 3) * kst + x] = t[p][1] - t[p][3];
+                }
+            }
+        }
+    }
+}
+
+/* Output rows of tile rows [ty0, ty0+trows) from M: A^T m A with A^T = [1 1 1
+ * 0; 0 1 -1 -1], then bias and activation; an odd last row or column of
+ * the output drops the tile's second one. */
+static void wino_output(float *out /* (co, h, wd) */, const float *m /* (16, co, nt) */,
+                        float *tmp /* (2, 2 tw) */, const float *b, int co, int h, int wd,
+                        ms_act act, int ty0, int trows)
+{
+    const int tw = (wd + 1) / 2;
+    const size_t nt = (size_t)trows * tw, kst = (size_t)co * nt;
+    for (int o = 0; o < co; o++)
+        for (int r = 0; r < trows; r++) {
+            const float *mt = m + (size_t)o * nt + (size_t)r * tw;
+            float *y0 = tmp, *y1 = tmp + 2 * tw;
+#pragma omp simd
+            for (int x = 0; x < tw; x++) {
+                float s[4][2]; /* A^T m, rows p of m first */
+                for (int p = 0; p < 4; p++) {
+                    float a = mt[(size_t)(4 * p) * kst + x], bb = mt[(size_t)(4 * p + 1) * kst + x];
+                    float c = mt[(size_t)(4 * p + 2) * kst + x], d = mt[(size_t)(4 * p + 3) * kst + x];
+                    s[p][0] = a + bb + c;
+                    s[p][1] = bb - c - d;
+                }
+                y0[2 * x] = s[0][0] + s[1][0] + s[2][0];
+                y0[2 * x + 1] = s[0][1] + s[1][1] + s[2][1];
+                y1[2 * x] = s[1][0] - s[2][0] - s[3][0];
+                y1[2 * x + 1] = s[1][1] - s[2][1] - s[3][1];
+            }
+            int y = 2 * (ty0 + r);
+            float *orow = out + ((size_t)o * h + y) * wd;
+            float bias = b ? b[o] : 0.0f;
+            conv_bias_act_row(orow, y0, wd, bias, act);
+            if (y + 1 < h) conv_bias_act_row(orow + wd, y1, wd, bias, act);
+        }
+}
+
+static void conv2d_wino(float *out /* (co, h, wd) */, const float *in /* (ci, h, wd) */,
+                        const float *w /* (co, ci, 3, 3) */, const float *b, int ci, int h,
+                        int wd, int co, ms_act act, float *ws /* (ws_floats) */, band_plan p)
+{
+    const int th = (h + 1) / 2, tw = (wd + 1) / 2, wp = 2 * tw + 2;
+    float *u = ws; /* (16, co, ci) */
+    float *slices = ws + wino_weight_floats(ci, co);
+#pragma omp parallel num_threads(p.threads) if (p.threads > 1)
+    {
+#pragma omp for schedule(static)
+        for (int o = 0; o < co; o++) wino_weights(u, w, ci, co, o);
+        float *rows = slices + (size_t)conv_thread_id() * p.slice; /* (4, wp) */
+        float *tmp = rows + round16((size_t)4 * wp);                /* (2, 2 tw) */
+        float *v = tmp + round16((size_t)4 * tw);                    /* (16, ci, nt) */
+#pragma omp for schedule(static)
+        for (int bi = 0; bi < p.bands; bi++) {
+            int ty0 = band_start(&p, th, bi), trows = band_rows(&p, th, bi);
+            int nt = trows * tw;
+            float *m = v + (size_t)16 * ci * nt; /* (16, co, nt) */
+            wino_input(v, rows, in, ci, h, wd, ty0, trows);
+            for (int k = 0; k < 16; k++)
+                /* M_k (co, nt) = U_k (co, ci) @ V_k (ci, nt) */
+                gemm_cpu(m + (size_t)k * co * nt, u + (size_t)k * co * ci,
+                         v + (size_t)k * ci * nt, co, nt, ci, false, false, ci, nt, nt, 1.0f,
+                         0.0f);
+            wino_output(out, m, tmp, b, co, h, wd, act, ty0, trows);
+        }
+    }
+}
+
 /* ---------- im2col ---------- */
 
 /* Columns of output rows [y0, y0+rows): col[(c*kh+ky)*kw+kx][pixel]. Each
@@ -296,6 +475,14 @@ size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int 
 {
     if (conv2d_is_pointwise(kh, kw, stride, pad)) return 0;
     int threads = conv_threads();
+    if (conv2d_is_wino(ci, co, kh, kw, stride, pad)) {
+        size_t per_row, fixed;
+        wino_costs(&per_row, &fixed, ci, co, (wd + 1) / 2);
+        size_t avail = MS_CONV_SCRATCH_FLOATS > per_row + fixed ? MS_CONV_SCRATCH_FLOATS
+                                                                : per_row + fixed;
+        band_plan p = wino_plan(ci, h, wd, co, threads, avail);
+        return wino_weight_floats(ci, co) + (size_t)p.threads * p.slice;
+    }
     if (stride == 1) {
         size_t per_row, fixed;
         implicit_costs(&per_row, &fixed, ci, co, kh, kw, wd + 2 * pad);
@@ -318,6 +505,16 @@ void conv2d_cpu(float *out, const float *in, const float *w, const float *b, int
     if (conv2d_is_pointwise(kh, kw, stride, pad)) {
         conv2d_pointwise(out, in, w, b, ci, h * wd, co, act);
         return;
+    }
+    if (conv2d_is_wino(ci, co, kh, kw, stride, pad)) {
+        size_t wf = wino_weight_floats(ci, co);
+        if (ws_floats > wf) {
+            band_plan p = wino_plan(ci, h, wd, co, conv_threads(), ws_floats - wf);
+            if (p.threads > 0) {
+                conv2d_wino(out, in, w, b, ci, h, wd, co, act, ws, p);
+                return;
+            }
+        }
     }
     if (stride == 1) {
         size_t wf = implicit_weight_floats(ci, co, kh, kw);

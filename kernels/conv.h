@@ -29,9 +29,11 @@ size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int 
 
 /* ws holds ws_floats floats: what conv2d_scratch_floats returned, or at
  * least one output row's im2col columns (ci*kh*kw*wo); none for a 1x1
- * stride-1 unpadded conv. Stride-1 convs run as an implicit GEMM when ws
- * holds its repacked weights and one band (the sized amount always does);
- * else, and at other strides, as conv2d_im2col_cpu. */
+ * stride-1 unpadded conv. 3x3 stride-1 pad-1 convs of 64-256 input and 64+
+ * output channels run as Winograd F(2x2, 3x3), other stride-1 convs as an
+ * implicit GEMM, when ws holds the path's transformed weights and one band
+ * (the sized amount always does); else (falling back Winograd, implicit
+ * GEMM), and at other strides, as conv2d_im2col_cpu. */
 void conv2d_cpu(float *out /* (co, ho, wo) */, const float *in /* (ci, h, w) */,
                 const float *w /* (co, ci, kh, kw) */, const float *b /* (co) or NULL */, int ci,
                 int h, int wd, int co, int kh, int kw, int stride, int pad, ms_act act,

@@ -218,6 +218,42 @@ START_TEST(test_conv2d_nested)
 }
 END_TEST
 
+/* The Winograd F(2x2, 3x3) path (3x3 stride-1 pad-1 convs of 64 to 256 input
+ * and 64+ output channels): odd heights and widths (a last tile with one
+ * row or column), channel counts that are not multiples of 8, the channel
+ * bounds either side (33 and 257 inputs run the implicit GEMM), bias on
+ * and off, every activation, workspaces from the sized one down (fewer,
+ * smaller bands, then the fall-back to the implicit GEMM and im2col), 1
+ * and 2 threads. */
+START_TEST(test_conv2d_winograd)
+{
+    ms_cpu_path start = cpu_path_get();
+    int start_threads = max_threads(), cases = 0;
+    static const int hw[][2] = {{1, 1}, {2, 2}, {3, 5}, {5, 3}, {2, 33}, {33, 1}, {33, 33}};
+    static const int cico[][2] = {{64, 64}, {65, 67}, {97, 64}, {64, 33}, {33, 64}, {257, 64}};
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (int t = 1; t <= 2; t++) {
+            set_threads(t);
+            for (size_t s = 0; s < sizeof hw / sizeof hw[0]; s++)
+                for (size_t c = 0; c < sizeof cico / sizeof cico[0]; c++) {
+                    /* the large ones once per path, at 33x33 */
+                    if (cico[c][0] > 100 && (s + 1 != sizeof hw / sizeof hw[0] || t > 1))
+                        continue;
+                    bool bias = (s + c + t) % 2 == 0;
+                    ms_act act = (ms_act)((s + 2 * c + t) % 3);
+                    conv_case(cico[c][0], hw[s][0], hw[s][1], cico[c][1], 3, 1, 1, bias, act,
+                              (uint32_t)(5000 + 17 * s + c));
+                    cases++;
+                }
+        }
+    }
+    ck_assert_int_ge(cases, 80);
+    set_threads(start_threads);
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
 /* ---------- 2x2 transposed conv ---------- */
 
 START_TEST(test_conv_transpose_paths)
@@ -277,6 +313,7 @@ int main(void)
     tcase_add_test(tc, test_conv2d_paths);
     tcase_add_test(tc, test_conv2d_many_bands);
     tcase_add_test(tc, test_conv2d_nested);
+    tcase_add_test(tc, test_conv2d_winograd);
     tcase_add_test(tc, test_conv_transpose_paths);
     suite_add_tcase(s, tc);
     return run_suite(s);
