@@ -4,9 +4,9 @@
  * writes the output while the GEMM's result is still in cache (BatchNorm is
  * folded into weight and bias at load, app/engine.c).
  * - 1x1 stride 1 unpadded: a GEMM on the input itself, in column chunks.
- * - 3x3 stride-1 pad-1 convs of 64-256 input and 64+ output channels (the
- *   neck's and the FPN's ConvModules): Winograd F(2x2, 3x3), below.
- * - other stride-1 convs (the head's wide bottlenecks, narrow convs): implicit
+ * - 3x3 stride-1 pad-1 convs of 32+ channels on maps of 32x32 or more (the
+ *   ConvModules of neck and head): Winograd F(2x2, 3x3), below.
+ * - other stride-1 convs (small maps, narrow convs): implicit
  *   GEMM. The band's input rows are copied once, zero-padded, with row
  *   length wp = w + 2 pad; kernel tap (ky, kx) is then a GEMM whose B is that
  *   copy shifted by ky*wp + kx, accumulated into a band result of row length
@@ -216,18 +216,26 @@ static void conv2d_implicit(float *out /* (co, ho, wo) */, const float *in /* (c
  * m A, the bias and the activation. 16 GEMMs of ci*co*tiles multiply-adds
  * replace the implicit GEMM's 9 of ci*co*4*tiles: 2.25x fewer, for a little
  * more rounding (the transforms' sums; still within the float tolerances of
- * tests/test_ops_conv.c and the goldens). Narrow convs keep the implicit
- * GEMM, whose fewer, larger GEMMs win when the transforms are a larger share. */
-#define WINO_MIN_CH 64
-#define WINO_MAX_CI 256
+ * tests/test_ops_conv.c and the goldens). Convs under 32 channels or 256
+ * tiles (about 32x32 pixels) keep the implicit GEMM: measured slower in
+ * Winograd, whose GEMMs are then too small for the transforms' cost. */
+#ifndef WINO_MIN_CH
+#define WINO_MIN_CH 32
+#endif
+#ifndef WINO_MIN_TILES
+#define WINO_MIN_TILES 256
+#endif
+/* floats between consecutive V_k (and M_k): at power-of-two sizes the 16
+ * streams the transforms write and read would otherwise share cache sets */
+#define WINO_SKEW 16
 #ifndef WINO_BAND_FLOATS
 #define WINO_BAND_FLOATS ((size_t)1 << 18)
 #endif
 
-static bool conv2d_is_wino(int ci, int co, int kh, int kw, int stride, int pad)
+static bool conv2d_is_wino(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad)
 {
     return kh == 3 && kw == 3 && stride == 1 && pad == 1 && ci >= WINO_MIN_CH &&
-           ci <= WINO_MAX_CI && co >= WINO_MIN_CH;
+           co >= WINO_MIN_CH && (long long)((h + 1) / 2) * ((wd + 1) / 2) >= WINO_MIN_TILES;
 }
 
 /* Per tile row of tw tiles: V and M (16 (ci + co) tw); fixed: four padded
@@ -235,7 +243,7 @@ static bool conv2d_is_wino(int ci, int co, int kh, int kw, int stride, int pad)
 static void wino_costs(size_t *per_row, size_t *fixed, int ci, int co, int tw)
 {
     *per_row = round16((size_t)16 * (ci + co) * tw);
-    *fixed = round16((size_t)4 * (2 * tw + 2)) + round16((size_t)4 * tw) + 32;
+    *fixed = round16((size_t)4 * (2 * tw + 2)) + round16((size_t)4 * tw) + 2 * 16 * WINO_SKEW + 32;
 }
 
 static size_t wino_weight_floats(int ci, int co) { return round16((size_t)16 * co * ci); }
@@ -283,7 +291,7 @@ static void wino_input(float *v /* (16, ci, nt) */, float *rows /* (4, wp) */,
                        int trows)
 {
     const int tw = (wd + 1) / 2, wp = 2 * tw + 2;
-    const size_t nt = (size_t)trows * tw, kst = (size_t)ci * nt;
+    const size_t nt = (size_t)trows * tw, kst = (size_t)ci * nt + WINO_SKEW;
     for (int c = 0; c < ci; c++) {
         const float *plane = in + (size_t)c * h * wd;
         for (int r = 0; r < trows; r++) {
@@ -325,7 +333,7 @@ static void wino_output(float *out /* (co, h, wd) */, const float *m /* (16, co,
                         ms_act act, int ty0, int trows)
 {
     const int tw = (wd + 1) / 2;
-    const size_t nt = (size_t)trows * tw, kst = (size_t)co * nt;
+    const size_t nt = (size_t)trows * tw, kst = (size_t)co * nt + WINO_SKEW;
     for (int o = 0; o < co; o++)
         for (int r = 0; r < trows; r++) {
             const float *mt = m + (size_t)o * nt + (size_t)r * tw;
@@ -365,21 +373,51 @@ static void conv2d_wino(float *out /* (co, h, wd) */, const float *in /* (ci, h,
         for (int o = 0; o < co; o++) wino_weights(u, w, ci, co, o);
         float *rows = slices + (size_t)conv_thread_id() * p.slice; /* (4, wp) */
         float *tmp = rows + round16((size_t)4 * wp);                /* (2, 2 tw) */
-        float *v = tmp + round16((size_t)4 * tw);                    /* (16, ci, nt) */
+        float *v = tmp + round16((size_t)4 * tw); /* (16, ci, nt), k stride kv */
 #pragma omp for schedule(static)
         for (int bi = 0; bi < p.bands; bi++) {
             int ty0 = band_start(&p, th, bi), trows = band_rows(&p, th, bi);
             int nt = trows * tw;
-            float *m = v + (size_t)16 * ci * nt; /* (16, co, nt) */
+            size_t kv = (size_t)ci * nt + WINO_SKEW, km = (size_t)co * nt + WINO_SKEW;
+            float *m = v + 16 * kv; /* (16, co, nt), k stride km */
             wino_input(v, rows, in, ci, h, wd, ty0, trows);
             for (int k = 0; k < 16; k++)
                 /* M_k (co, nt) = U_k (co, ci) @ V_k (ci, nt) */
-                gemm_cpu(m + (size_t)k * co * nt, u + (size_t)k * co * ci,
-                         v + (size_t)k * ci * nt, co, nt, ci, false, false, ci, nt, nt, 1.0f,
+                gemm_cpu(m + k * km, u + (size_t)k * co * ci, v + k * kv, co, nt, ci, false, false, ci, nt, nt, 1.0f,
                          0.0f);
             wino_output(out, m, tmp, b, co, h, wd, act, ty0, trows);
         }
     }
+}
+
+size_t conv2d_winograd_scratch_floats(int ci, int h, int wd, int co)
+{
+    size_t per_row, fixed;
+    wino_costs(&per_row, &fixed, ci, co, (wd + 1) / 2);
+    size_t avail = MS_CONV_SCRATCH_FLOATS > per_row + fixed ? MS_CONV_SCRATCH_FLOATS
+                                                            : per_row + fixed;
+    band_plan p = wino_plan(ci, h, wd, co, conv_threads(), avail);
+    return wino_weight_floats(ci, co) + (size_t)p.threads * p.slice;
+}
+
+/* false (nothing written) if ws holds less than the weights and one band */
+static bool conv2d_winograd_try(float *out, const float *in, const float *w, const float *b,
+                                int ci, int h, int wd, int co, ms_act act, float *ws,
+                                size_t ws_floats)
+{
+    size_t wf = wino_weight_floats(ci, co);
+    if (ws_floats <= wf) return false;
+    band_plan p = wino_plan(ci, h, wd, co, conv_threads(), ws_floats - wf);
+    if (p.threads < 1) return false;
+    conv2d_wino(out, in, w, b, ci, h, wd, co, act, ws, p);
+    return true;
+}
+
+void conv2d_winograd_cpu(float *out, const float *in, const float *w, const float *b, int ci,
+                         int h, int wd, int co, ms_act act, float *ws, size_t ws_floats)
+{
+    if (!conv2d_winograd_try(out, in, w, b, ci, h, wd, co, act, ws, ws_floats))
+        conv2d_im2col_cpu(out, in, w, b, ci, h, wd, co, 3, 3, 1, 1, act, ws, ws_floats);
 }
 
 /* ---------- im2col ---------- */
@@ -475,14 +513,8 @@ size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int 
 {
     if (conv2d_is_pointwise(kh, kw, stride, pad)) return 0;
     int threads = conv_threads();
-    if (conv2d_is_wino(ci, co, kh, kw, stride, pad)) {
-        size_t per_row, fixed;
-        wino_costs(&per_row, &fixed, ci, co, (wd + 1) / 2);
-        size_t avail = MS_CONV_SCRATCH_FLOATS > per_row + fixed ? MS_CONV_SCRATCH_FLOATS
-                                                                : per_row + fixed;
-        band_plan p = wino_plan(ci, h, wd, co, threads, avail);
-        return wino_weight_floats(ci, co) + (size_t)p.threads * p.slice;
-    }
+    if (conv2d_is_wino(ci, h, wd, co, kh, kw, stride, pad))
+        return conv2d_winograd_scratch_floats(ci, h, wd, co);
     if (stride == 1) {
         size_t per_row, fixed;
         implicit_costs(&per_row, &fixed, ci, co, kh, kw, wd + 2 * pad);
@@ -506,16 +538,9 @@ void conv2d_cpu(float *out, const float *in, const float *w, const float *b, int
         conv2d_pointwise(out, in, w, b, ci, h * wd, co, act);
         return;
     }
-    if (conv2d_is_wino(ci, co, kh, kw, stride, pad)) {
-        size_t wf = wino_weight_floats(ci, co);
-        if (ws_floats > wf) {
-            band_plan p = wino_plan(ci, h, wd, co, conv_threads(), ws_floats - wf);
-            if (p.threads > 0) {
-                conv2d_wino(out, in, w, b, ci, h, wd, co, act, ws, p);
-                return;
-            }
-        }
-    }
+    if (conv2d_is_wino(ci, h, wd, co, kh, kw, stride, pad) &&
+        conv2d_winograd_try(out, in, w, b, ci, h, wd, co, act, ws, ws_floats))
+        return;
     if (stride == 1) {
         size_t wf = implicit_weight_floats(ci, co, kh, kw);
         if (ws_floats > wf) {

@@ -29,8 +29,8 @@ size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int 
 
 /* ws holds ws_floats floats: what conv2d_scratch_floats returned, or at
  * least one output row's im2col columns (ci*kh*kw*wo); none for a 1x1
- * stride-1 unpadded conv. 3x3 stride-1 pad-1 convs of 64-256 input and 64+
- * output channels run as Winograd F(2x2, 3x3), other stride-1 convs as an
+ * stride-1 unpadded conv. 3x3 stride-1 pad-1 convs of 32+ channels in and
+ * out on maps of 32x32 or more run as Winograd F(2x2, 3x3), other stride-1 convs as an
  * implicit GEMM, when ws holds the path's transformed weights and one band
  * (the sized amount always does); else (falling back Winograd, implicit
  * GEMM), and at other strides, as conv2d_im2col_cpu. */
@@ -45,6 +45,17 @@ void conv2d_im2col_cpu(float *out /* (co, ho, wo) */, const float *in /* (ci, h,
                        const float *w /* (co, ci, kh, kw) */, const float *b /* (co) or NULL */,
                        int ci, int h, int wd, int co, int kh, int kw, int stride, int pad,
                        ms_act act, float *ws /* (ws_floats) */, size_t ws_floats);
+
+/* The Winograd F(2x2, 3x3) path on its own, for any 3x3 stride-1 pad-1 conv
+ * (conv2d_cpu takes it from 32 channels and 256 2x2 tiles up; tests run it
+ * at every size): its sized scratch, and the conv; given less than its
+ * transformed weights and one band of one tile row (16 (ci + co) ceil(w/2)
+ * floats and a little), it runs conv2d_im2col_cpu in ws instead. */
+size_t conv2d_winograd_scratch_floats(int ci, int h, int wd, int co);
+void conv2d_winograd_cpu(float *out /* (co, h, wd) */, const float *in /* (ci, h, wd) */,
+                         const float *w /* (co, ci, 3, 3) */, const float *b /* (co) or NULL */,
+                         int ci, int h, int wd, int co, ms_act act,
+                         float *ws /* (ws_floats) */, size_t ws_floats);
 
 size_t conv_transpose2x2_scratch_floats(int ci, int h, int wd, int co);
 

@@ -218,37 +218,66 @@ START_TEST(test_conv2d_nested)
 }
 END_TEST
 
-/* The Winograd F(2x2, 3x3) path (3x3 stride-1 pad-1 convs of 64 to 256 input
- * and 64+ output channels): odd heights and widths (a last tile with one
- * row or column), channel counts that are not multiples of 8, the channel
- * bounds either side (33 and 257 inputs run the implicit GEMM), bias on
- * and off, every activation, workspaces from the sized one down (fewer,
- * smaller bands, then the fall-back to the implicit GEMM and im2col), 1
- * and 2 threads. */
+/* The Winograd F(2x2, 3x3) path on its own at every size (conv2d_cpu takes
+ * it only from 32 channels and 256 tiles up): odd heights and widths (a last
+ * tile with one row or column), channel counts that are not multiples of 8,
+ * bias on and off, every activation; workspaces from the sized one down to
+ * the transformed weights and one tile row (a band per tile row), then
+ * below that (the im2col fall-back); 1 and 2 threads; every CPU path. */
+static void wino_case(int ci, int h, int wd, int co, bool bias, ms_act act, uint32_t seed)
+{
+    size_t no = (size_t)co * h * wd;
+    float *in = frand((size_t)ci * h * wd, seed, -1.0f, 1.0f);
+    float *w = frand((size_t)co * ci * 9, seed + 1, -1.0f, 1.0f);
+    float *b = bias ? frand(co, seed + 2, -1.0f, 1.0f) : NULL, *out = falloc(no);
+    double *want = dalloc(no);
+    naive_conv2d(want, in, w, b, ci, h, wd, co, 3, 1, 1, act);
+    char what[160];
+    snprintf(what, sizeof what, "winograd ci %d %dx%d co %d bias %d act %d path %s threads %d",
+             ci, h, wd, co, bias, act, cpu_path_name(cpu_path_get()), max_threads());
+    /* the header's sizes: 16 ci co transformed weights, 16 (ci + co) tw
+     * floats a tile row plus a little, one im2col row for the fall-back */
+    size_t full = conv2d_winograd_scratch_floats(ci, h, wd, co);
+    size_t wf = (size_t)16 * ci * co, one = (size_t)16 * (ci + co) * ((wd + 1) / 2) + 256;
+    size_t sizes[] = {full, wf + (full - wf) / 2, wf + 2 * one + 64, wf + one + 64,
+                      (size_t)ci * 9 * wd};
+    ck_assert_uint_ge(full, wf + one - 256);
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        size_t n = sizes[z] < full ? sizes[z] : full;
+        float *ws = ws_alloc(n);
+        for (size_t i = 0; i < no; i++) out[i] = NAN;
+        conv2d_winograd_cpu(out, in, w, b, ci, h, wd, co, act, ws, n);
+        check_close(out, want, no, TOL, what);
+        ws_check_free(ws, n, what);
+    }
+    ms_free(in); ms_free(w); ms_free(b); ms_free(out); free(want);
+}
+
 START_TEST(test_conv2d_winograd)
 {
     ms_cpu_path start = cpu_path_get();
     int start_threads = max_threads(), cases = 0;
-    static const int hw[][2] = {{1, 1}, {2, 2}, {3, 5}, {5, 3}, {2, 33}, {33, 1}, {33, 33}};
-    static const int cico[][2] = {{64, 64}, {65, 67}, {97, 64}, {64, 33}, {33, 64}, {257, 64}};
+    static const int hw[][2] = {{1, 1}, {2, 2}, {3, 5}, {5, 3}, {1, 33}, {33, 2}, {33, 33}};
+    static const int cico[][2] = {{16, 16}, {17, 33}, {33, 17}, {65, 64}};
     for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (int t = 1; t <= 2; t++) {
             set_threads(t);
             for (size_t s = 0; s < sizeof hw / sizeof hw[0]; s++)
-                for (size_t c = 0; c < sizeof cico / sizeof cico[0]; c++) {
-                    /* the large ones once per path, at 33x33 */
-                    if (cico[c][0] > 100 && (s + 1 != sizeof hw / sizeof hw[0] || t > 1))
-                        continue;
-                    bool bias = (s + c + t) % 2 == 0;
-                    ms_act act = (ms_act)((s + 2 * c + t) % 3);
-                    conv_case(cico[c][0], hw[s][0], hw[s][1], cico[c][1], 3, 1, 1, bias, act,
-                              (uint32_t)(5000 + 17 * s + c));
-                    cases++;
-                }
+                for (size_t c = 0; c < sizeof cico / sizeof cico[0]; c++)
+                    for (int act = 0; act < 3; act++) {
+                        wino_case(cico[c][0], hw[s][0], hw[s][1], cico[c][1],
+                                  (s + c + act) % 2 == 0, (ms_act)act,
+                                  (uint32_t)(5000 + 17 * s + 3 * c + act));
+                        cases++;
+                    }
+            /* through conv2d_cpu, which takes Winograd here (and the
+             * implicit GEMM below 32 channels) */
+            conv_case(33, 33, 33, 32, 3, 1, 1, true, MS_ACT_RELU, 5900);
+            conv_case(32, 40, 31, 31, 3, 1, 1, false, MS_ACT_GELU, 5910);
         }
     }
-    ck_assert_int_ge(cases, 80);
+    ck_assert_int_ge(cases, 168);
     set_threads(start_threads);
     ck_assert_int_eq(cpu_path_set(start), MS_OK);
 }
