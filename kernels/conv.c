@@ -243,7 +243,8 @@ static bool conv2d_is_wino(int ci, int h, int wd, int co, int kh, int kw, int st
 static void wino_costs(size_t *per_row, size_t *fixed, int ci, int co, int tw)
 {
     *per_row = round16((size_t)16 * (ci + co) * tw);
-    *fixed = round16((size_t)4 * (2 * tw + 2)) + round16((size_t)4 * tw) + 2 * 16 * WINO_SKEW + 32;
+    *fixed = round16((size_t)4 * (2 * tw + 2)) + round16((size_t)4 * tw) + 2 * 16 * WINO_SKEW +
+             32;
 }
 
 static size_t wino_weight_floats(int ci, int co) { return round16((size_t)16 * co * ci); }
@@ -283,10 +284,10 @@ static void wino_weights(float *u /* (16, co, ci) */, const float *w /* (co, ci,
     }
 }
 
-/* V (16, ci, nt) for tile rows [ty0, ty0+trows): B^T d B with B^T = [1 0 -1
- * 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]; d's rows come from rows, four padded
- * copies of input rows (zeros outside the image). */
-static void wino_input(float *v /* (16, ci, nt) */, float *rows /* (4, wp) */,
+/* V for tile rows [ty0, ty0+trows) (k stride ci nt + WINO_SKEW): B^T d B
+ * with B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]; d's rows come from
+ * rows, four padded copies of input rows (zeros outside the image). */
+static void wino_input(float *v /* (16, ci, nt) skewed */, float *rows /* (4, wp) */,
                        const float *in /* (ci, h, wd) */, int ci, int h, int wd, int ty0,
                        int trows)
 {
@@ -299,7 +300,8 @@ static void wino_input(float *v /* (16, ci, nt) */, float *rows /* (4, wp) */,
                 float *d = rows + (size_t)i * wp;
                 int iy = 2 * (ty0 + r) - 1 + i;
                 memset(d, 0, (size_t)wp * sizeof(float));
-                if (iy >= 0 && iy < h) memcpy(d + 1, plane + (size_t)iy * wd, (size_t)wd * sizeof(float));
+                if (iy >= 0 && iy < h)
+                    memcpy(d + 1, plane + (size_t)iy * wd, (size_t)wd * sizeof(float));
             }
             const float *d0 = rows, *d1 = rows + wp, *d2 = rows + 2 * wp, *d3 = rows + 3 * wp;
             float *vt = v + (size_t)c * nt + (size_t)r * tw;
@@ -328,7 +330,7 @@ static void wino_input(float *v /* (16, ci, nt) */, float *rows /* (4, wp) */,
 /* Output rows of tile rows [ty0, ty0+trows) from M: A^T m A with A^T = [1 1 1
  * 0; 0 1 -1 -1], then bias and activation; an odd last row or column of
  * the output drops the tile's second one. */
-static void wino_output(float *out /* (co, h, wd) */, const float *m /* (16, co, nt) */,
+static void wino_output(float *out /* (co, h, wd) */, const float *m /* (16, co, nt) skewed */,
                         float *tmp /* (2, 2 tw) */, const float *b, int co, int h, int wd,
                         ms_act act, int ty0, int trows)
 {
@@ -342,8 +344,8 @@ static void wino_output(float *out /* (co, h, wd) */, const float *m /* (16, co,
             for (int x = 0; x < tw; x++) {
                 float s[4][2]; /* A^T m, rows p of m first */
                 for (int p = 0; p < 4; p++) {
-                    float a = mt[(size_t)(4 * p) * kst + x], bb = mt[(size_t)(4 * p + 1) * kst + x];
-                    float c = mt[(size_t)(4 * p + 2) * kst + x], d = mt[(size_t)(4 * p + 3) * kst + x];
+                    const float *mp = mt + (size_t)(4 * p) * kst;
+                    float a = mp[x], bb = mp[kst + x], c = mp[2 * kst + x], d = mp[3 * kst + x];
                     s[p][0] = a + bb + c;
                     s[p][1] = bb - c - d;
                 }
@@ -383,8 +385,8 @@ static void conv2d_wino(float *out /* (co, h, wd) */, const float *in /* (ci, h,
             wino_input(v, rows, in, ci, h, wd, ty0, trows);
             for (int k = 0; k < 16; k++)
                 /* M_k (co, nt) = U_k (co, ci) @ V_k (ci, nt) */
-                gemm_cpu(m + k * km, u + (size_t)k * co * ci, v + k * kv, co, nt, ci, false, false, ci, nt, nt, 1.0f,
-                         0.0f);
+                gemm_cpu(m + k * km, u + (size_t)k * co * ci, v + k * kv, co, nt, ci, false,
+                         false, ci, nt, nt, 1.0f, 0.0f);
             wino_output(out, m, tmp, b, co, h, wd, act, ty0, trows);
         }
     }

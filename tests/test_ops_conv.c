@@ -1,6 +1,7 @@
 /* The CPU convolution paths (kernels/conv.c, kernels/conv_simd.c) against a
  * plain direct convolution written here (double accumulation): the 1x1
- * GEMM-in-chunks path, the stride-1 implicit GEMM, the im2col path (also run
+ * GEMM-in-chunks path, the stride-1 implicit GEMM, Winograd F(2x2, 3x3)
+ * (also run directly at every size), the im2col path (also run
  * directly on stride-1 convs), their fused bias/activation output passes,
  * and the 2x2 transposed conv. Odd sizes (h, w in 1, 2, 7, 33; channel
  * counts that are not multiples of 8), stride 1 and 2, pad 0/1/3, kernels
