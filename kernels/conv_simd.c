@@ -1,8 +1,8 @@
 /* Built once per CPU path (cpu_path.h): the convolutions' output passes as
- * plain loops the compiler vectorises. ReLU and no activation vectorise;
- * GELU calls the scalar erff (as act_apply does). */
+ * plain loops the compiler vectorises (GELU on libmvec's erff, as the linear
+ * layers' epilogue, elementwise_simd.c). */
 #include "conv_simd.h"
-#include "linear.h" /* act_apply */
+#include "simd_math.h"
 
 void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */, int n,
                                    float bias, ms_act act)
@@ -17,7 +17,8 @@ void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n)
 #pragma omp simd
         for (int i = 0; i < n; i++) dst[i] = src[i] + bias;
     } else {
-        for (int i = 0; i < n; i++) dst[i] = act_apply(src[i] + bias, act);
+#pragma omp simd
+        for (int i = 0; i < n; i++) dst[i] = simd_gelu(src[i] + bias);
     }
 }
 
@@ -39,9 +40,10 @@ void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0
             dst[2 * i + 1] = t1[i] + bias;
         }
     } else {
+#pragma omp simd
         for (int i = 0; i < n; i++) {
-            dst[2 * i] = act_apply(t0[i] + bias, act);
-            dst[2 * i + 1] = act_apply(t1[i] + bias, act);
+            dst[2 * i] = simd_gelu(t0[i] + bias);
+            dst[2 * i + 1] = simd_gelu(t1[i] + bias);
         }
     }
 }

@@ -1,20 +1,8 @@
 /* Built once per CPU path (cpu_path.h): plain C loops the compiler
  * vectorises for the path's instruction set. */
-#include <math.h>
-
 #include "elementwise_simd.h"
 #include "layernorm.h"
-
-/* Lets `#pragma omp simd` loops call libmvec's vector erff (glibc only
- * declares it under -ffast-math, which we do not want elsewhere). */
-#pragma omp declare simd notinbranch
-extern float erff(float);
-
-/* gelu_erf (linear.h) written out here, so that erff is the vector one. */
-static inline float ew_gelu(float x)
-{
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-}
+#include "simd_math.h"
 
 void MS_SIMD_FN(ew_bias_act_cols)(float *x, const float *b, int rows, int cols, long ld,
                                   ms_act act)
@@ -23,10 +11,10 @@ void MS_SIMD_FN(ew_bias_act_cols)(float *x, const float *b, int rows, int cols, 
         float *restrict r = x + (size_t)i * ld;
         if (act == MS_ACT_GELU && b) {
 #pragma omp simd
-            for (int j = 0; j < cols; j++) r[j] = ew_gelu(r[j] + b[j]);
+            for (int j = 0; j < cols; j++) r[j] = simd_gelu(r[j] + b[j]);
         } else if (act == MS_ACT_GELU) {
 #pragma omp simd
-            for (int j = 0; j < cols; j++) r[j] = ew_gelu(r[j]);
+            for (int j = 0; j < cols; j++) r[j] = simd_gelu(r[j]);
         } else if (act == MS_ACT_RELU) {
             /* x > 0 ? x : 0, as act_apply: NaN becomes 0 there too */
 #pragma omp simd

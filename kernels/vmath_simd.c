@@ -1,13 +1,7 @@
 /* Built once per CPU path (cpu_path.h): plain C loops the compiler
  * vectorises for the path's instruction set. */
-#include <math.h>
-
+#include "simd_math.h"
 #include "vmath.h"
-
-/* Lets `#pragma omp simd` loops call libmvec's vector expf (glibc only
- * declares it under -ffast-math, which we do not want elsewhere). */
-#pragma omp declare simd notinbranch
-extern float expf(float);
 
 float MS_SIMD_FN(vm_exp_sum)(float *x /* (n) */, int n, float scale, float shift)
 {
