@@ -1,22 +1,27 @@
-/* MiTA attention on the CPU (spec section 2). Per head: probe GEMM P = L K^T,
- * top-k per landmark by selection on composite keys, shared summaries
- * Sv = softmax(P s) V by GEMM, routing GEMM R = Q L^T and routes. Then the
- * queries are
- * counting-sorted by routed expert; each expert's k keys and values are
- * gathered once into contiguous rows, so that for a block of its queries the
- * routed logits are one GEMM (nq x k), and the joint softmax's output one
- * more: the weights [shared | routed] (nq x (M + k)), each partial softmax
- * scaled by its log-sum-exp merge factor, times [Sv ; V_e] ((M + k) x d).
- * GEMMs accumulate in float like PyTorch's, so the top-k sets agree with a
- * float32 reference except at (near-)ties; P and R come from the same calls
- * and splits as before the grouping, so routes and routed sets did not
- * change with it. */
+/* MiTA attention on the CPU (spec section 2), in one parallel region with
+ * one barrier. Each thread first pools all landmarks into a copy of its own
+ * (a few microseconds at N ~ 1000: cheaper than a barrier, which a busy
+ * 2-core machine can stretch to a time slice). Phase 1, items taken
+ * dynamically: (head, group of experts): probe P = L K^T for the group's
+ * rows, per row the top-k by bisection on order-preserving keys, exp(P s)
+ * and the shared summaries Sv = softmax(P s) V; (head, block of queries):
+ * routing logits R = Q L^T and routes. Barrier. Phase 2: the queries,
+ * counting-sorted by head and routed expert, in one equal share per
+ * thread; each expert's k keys and values are gathered once into
+ * contiguous rows, so that for a block of its queries the routed logits
+ * are one GEMM (nq x k), and the joint softmax's output one more: the
+ * weights [shared | routed] (nq x (M + k)), each partial softmax scaled by
+ * its log-sum-exp merge factor, times [Sv ; V_e] ((M + k) x d). GEMMs
+ * accumulate in float like PyTorch's, so the top-k sets agree with a
+ * float32 reference except at (near-)ties; P and R do not depend on the
+ * thread count (fixed items), the outputs may by an ulp (the routed GEMMs'
+ * blocks follow the thread shares). */
 #include "mita.h"
 
 #include <cblas.h>
 
 #include "gemm.h"
-#include "mita_cuda_math.h" /* mita_scan_groups */
+#include "mita_cuda_math.h" /* topk_key, topk_composite */
 #include "mita_simd.h"
 #include "vmath.h"
 #include <stdlib.h>
@@ -25,10 +30,18 @@
 #include <omp.h>
 #endif
 
-/* Top-k prefilter sample: at most this many times k scores of the row (and
- * at most a quarter of it), so that few scores pass its threshold and the
- * vector pass skips most blocks of the row. */
+/* Top-k prefilter sample, for rows longer than MITA_TOPK_DIRECT: at most
+ * this many times k scores of the row (and at most a quarter of it), so
+ * that few scores pass its threshold and the vector pass skips most blocks
+ * of the row. Shorter rows go straight to the bisection. */
 #define MITA_TOPK_SAMPLE 64
+#define MITA_TOPK_DIRECT 2048
+
+/* Phase 1 items: experts per probe item, queries per routing item (at
+ * most): a head's 49 experts in 7 items, N = 690 in 3 routing items, enough
+ * items for two threads to finish together. */
+#define MITA_EG 16
+#define MITA_RB 256
 
 /* Queries per routed GEMM block: the (QB, k) logit tile and (QB, d) output
  * stay in L2 next to the expert's keys and values. */
@@ -43,18 +56,22 @@ void mita_clamp(int *gh, int *gw, int *k, int hp, int wp, const ms_mita_params *
 }
 
 typedef struct {
-    float *land;      /* (m, c) landmarks, all heads */
-    float *scores;    /* (m, n) probe P of the current head, then (n, m) routing R */
-    float *sv;        /* (m, d) shared summaries of the current head */
-    float *rowsum;    /* (m) softmax sums of the summaries */
-    int32_t *idx;     /* (m, k) routed sets of the current head, best first */
-    int32_t *route;   /* (n) expert of each query, current head */
-    int32_t *order;   /* (n) queries sorted by expert (counting sort, stable) */
-    int *counts;      /* (m) queries per expert */
-    int *starts;      /* (m) first position of each expert's queries in order */
-    int *fill;        /* (m + 1) mita_scan_groups' chunk starts (unused), then cursors */
-    float *thread;    /* (chunks, thread_floats) per-thread gather and tile buffers */
+    float *scores;  /* (heads, n, m) routing logits R */
+    float *sv;      /* (heads, m, d) shared summaries */
+    int32_t *idx;   /* (heads, m, k) routed sets, best first */
+    int32_t *route; /* (heads, n) expert of each query */
+    float *thread;  /* (chunks, thread_floats) per-thread landmarks, sort and work buffers */
 } mita_ws;
+
+/* One thread's share of the workspace. */
+typedef struct {
+    float *land;    /* (m, c) landmarks, all heads */
+    int32_t *order; /* (n) queries of one head sorted by expert (stable) */
+    int *counts;    /* (m) queries per expert */
+    int *starts;    /* (m) first position of each expert's queries in order */
+    int *fill;      /* (m) counting sort cursors */
+    float *work;    /* phase 1: probe rows, top-k keys; phase 2: routed buffers */
+} mita_thread;
 
 static void *carve(uint8_t *base, size_t *off, size_t bytes)
 {
@@ -63,17 +80,40 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
     return p;
 }
 
-/* Per thread, in the top-k phase: keys (n uint64), candidate scores and
- * positions (n each); in the routed phase: the expert's keys (k, d), the
- * summaries and its values (m + k, d), a query block (QB, d), its logits
- * (QB, m + k) and outputs (QB, d). Rounded up to whole cache lines so that
- * threads share none. */
-static size_t thread_floats(int n, int m, int k, int d)
+/* Top-k scratch of one row (floats): 64-bit keys (the sample's, then the
+ * winners'), candidate scores, positions and keys, selected keys and
+ * positions. */
+static size_t topk_floats(int n, int k)
 {
-    size_t topk = 4 * (size_t)n;
-    size_t routed = ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k);
-    size_t f = topk > routed ? topk : routed;
-    return (f + 15) & ~(size_t)15;
+    size_t u64 = (size_t)n > 2 * (size_t)k ? (size_t)n : 2 * (size_t)k;
+    return u64 + 5 * (size_t)n;
+}
+
+/* Per-thread work buffer: phase 1, a group's probe rows (EG, n), their
+ * sums and one row's top-k scratch; phase 2, the expert's keys (k, d), the
+ * summaries and its values (m + k, d), a query block (QB, d), its logits
+ * (QB, m + k), outputs (QB, d) and shared masses (QB). */
+static size_t work_floats(int n, int m, int k, int d)
+{
+    size_t probe = (size_t)MITA_EG * (n + 1) + topk_floats(n, k);
+    size_t routed =
+        ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k + 1);
+    return probe > routed ? probe : routed;
+}
+
+/* Lays thread t's share out at base (NULL: only measures); returns its
+ * bytes (whole cache lines, so that threads share none). */
+static size_t thread_layout(mita_thread *th, void *base, int n, int c, int heads, int m, int k)
+{
+    uint8_t *b = (uint8_t *)base;
+    size_t off = 0;
+    th->land = carve(b, &off, (size_t)m * c * sizeof(float));
+    th->order = carve(b, &off, (size_t)n * sizeof(int32_t));
+    th->counts = carve(b, &off, (size_t)m * sizeof(int));
+    th->starts = carve(b, &off, (size_t)m * sizeof(int));
+    th->fill = carve(b, &off, (size_t)m * sizeof(int));
+    th->work = carve(b, &off, work_floats(n, m, k, c / heads) * sizeof(float));
+    return off;
 }
 
 /* Lays the workspace out at base (NULL: only measures); returns its bytes. */
@@ -83,18 +123,21 @@ static size_t mita_layout(mita_ws *w, void *base, int n, int c, int heads, int m
     uint8_t *b = (uint8_t *)base;
     int d = c / heads;
     size_t off = 0;
-    w->land = carve(b, &off, (size_t)m * c * sizeof(float));
-    w->scores = carve(b, &off, (size_t)m * n * sizeof(float));
-    w->sv = carve(b, &off, (size_t)m * d * sizeof(float));
-    w->rowsum = carve(b, &off, (size_t)m * sizeof(float));
-    w->idx = carve(b, &off, (size_t)m * k * sizeof(int32_t));
-    w->route = carve(b, &off, (size_t)n * sizeof(int32_t));
-    w->order = carve(b, &off, (size_t)n * sizeof(int32_t));
-    w->counts = carve(b, &off, (size_t)m * sizeof(int));
-    w->starts = carve(b, &off, (size_t)m * sizeof(int));
-    w->fill = carve(b, &off, ((size_t)m + 1) * sizeof(int));
-    w->thread = carve(b, &off, (size_t)chunks * thread_floats(n, m, k, d) * sizeof(float));
+    mita_thread th;
+    w->scores = carve(b, &off, (size_t)heads * n * m * sizeof(float));
+    w->sv = carve(b, &off, (size_t)heads * m * d * sizeof(float));
+    w->idx = carve(b, &off, (size_t)heads * m * k * sizeof(int32_t));
+    w->route = carve(b, &off, (size_t)heads * n * sizeof(int32_t));
+    w->thread = carve(b, &off, (size_t)chunks * thread_layout(&th, NULL, n, c, heads, m, k));
     return off;
+}
+
+static mita_thread thread_share(const mita_ws *w, int t, int n, int c, int heads, int m, int k)
+{
+    mita_thread th;
+    size_t bytes = thread_layout(&th, NULL, n, c, heads, m, k);
+    thread_layout(&th, (uint8_t *)w->thread + (size_t)t * bytes, n, c, heads, m, k);
+    return th;
 }
 
 size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, int gw, int k,
@@ -166,33 +209,78 @@ static void u64_sort_desc(uint64_t *a, int n)
     }
 }
 
-/* idx = the k best positions of score[0..n) in top-k order, best first,
- * 1 <= k <= n. Where n is large against k, the k-th best of a strided
- * sample is a threshold t that at least k scores reach, so every score
- * below t is below the row's k-th best and out of its top k: only the
- * scores >= t (about k n / sample of them, found by a vector pass) get
- * keys. */
-static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
-                     uint64_t *key /* (n) */, float *val /* (n) */, int32_t *pos /* (n) */)
+/* The k-th largest of key[0..n) (1 <= k <= n) by bisection on the key
+ * value: the largest t with at least k keys >= t, and in *above how many
+ * keys are > t, or -1 where exactly k keys are >= t (then they are the k
+ * winners, and a count past them is not needed). About 20 vector counts of
+ * the row; no data-dependent branch per element. */
+static uint32_t kth_key(int *above, const uint32_t *key /* (n) */, int n, int k)
 {
+    uint64_t lo = 0, hi = (uint64_t)UINT32_MAX + 1; /* count(>= lo) >= k > count(>= hi) */
+    int c_hi = 0;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        int cnt = mita_count_at_least_u32(key, n, (uint32_t)mid);
+        if (cnt == k) {
+            *above = -1;
+            return (uint32_t)mid;
+        }
+        if (cnt > k) lo = mid;
+        else hi = mid, c_hi = cnt;
+    }
+    *above = c_hi;
+    return (uint32_t)lo;
+}
+
+/* idx = the k best positions of score[0..n) in top-k order, best first,
+ * 1 <= k <= n. Keys: topk_key, whose order is the scores' (NaNs ordered by
+ * their bits, -0 = +0). The k-th largest key t (kth_key) splits the row:
+ * the winners are the keys > t and, ties to the lower position, the first
+ * of those = t; then they are sorted by (key, position). Rows longer than
+ * MITA_TOPK_DIRECT first keep only the scores >= a threshold t0 that at
+ * least k scores reach (the k-th best of a strided sample, so every score
+ * below it is out of the top k): about k n / sample of them, found by a
+ * vector pass. */
+static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+                     float *buf /* (topk_floats(n, k)) */)
+{
+    size_t nu = (size_t)n > 2 * (size_t)k ? (size_t)n : 2 * (size_t)k;
+    uint64_t *u64 = (uint64_t *)buf;          /* (nu / 2) sample keys, then sorted winners */
+    float *val = buf + nu;                    /* (n) candidate scores */
+    int32_t *pos = (int32_t *)(val + n);      /* (n) their positions */
+    uint32_t *key = (uint32_t *)(pos + n);    /* (n) their keys */
+    uint32_t *wkey = key + n;                 /* (n) keys >= the k-th, then the winners' */
+    int32_t *wpos = (int32_t *)(wkey + n);    /* (n) their candidate numbers, then positions */
+    const float *cand = score;
     int nc = n, sample = n / 4 < MITA_TOPK_SAMPLE * k ? n / 4 : MITA_TOPK_SAMPLE * k;
-    if (sample >= 2 * k) {
+    if (n > MITA_TOPK_DIRECT && sample >= 2 * k) {
         int stride = n / sample;
         for (int i = 0; i < sample; i++)
-            key[i] = topk_composite(topk_key(score[(size_t)i * stride]), i * stride);
-        u64_select_desc(key, sample, k);
-        uint64_t kth = key[0];
-        for (int i = 1; i < k; i++) kth = key[i] < kth ? key[i] : kth;
+            u64[i] = topk_composite(topk_key(score[(size_t)i * stride]), i * stride);
+        u64_select_desc(u64, sample, k);
+        uint64_t kth = u64[0];
+        for (int i = 1; i < k; i++) kth = u64[i] < kth ? u64[i] : kth;
         nc = mita_collect_at_least(val, pos, score, n, score[topk_composite_pos(kth)]);
-        if (nc < k) nc = n; /* NaNs in the row: no threshold */
+        if (nc >= k) cand = val;
+        else nc = n; /* NaNs in the row: no threshold */
     }
-    if (nc == n)
-        for (int i = 0; i < n; i++) key[i] = topk_composite(topk_key(score[i]), i);
-    else
-        for (int i = 0; i < nc; i++) key[i] = topk_composite(topk_key(val[i]), pos[i]);
-    u64_select_desc(key, nc, k);
-    u64_sort_desc(key, k);
-    for (int j = 0; j < k; j++) idx[j] = topk_composite_pos(key[j]);
+    mita_keys(key, cand, nc);
+    int above, ties = k;
+    uint32_t t = kth_key(&above, key, nc, k);
+    if (above >= 0) ties = k - above; /* keys = t that still get in */
+    int ns = mita_collect_at_least_u32(wkey, wpos, key, nc, t), w = 0;
+    for (int i = 0; i < ns && w < k; i++)
+        if (wkey[i] > t || ties-- > 0) { /* ascending position: the first ties win */
+            wkey[w] = wkey[i];
+            wpos[w++] = cand == score ? wpos[i] : pos[wpos[i]];
+        }
+    if (k <= 128) {
+        mita_rank_desc(idx, wkey, wpos, k);
+    } else {
+        for (int j = 0; j < k; j++) u64[j] = topk_composite(wkey[j], wpos[j]);
+        u64_sort_desc(u64, k);
+        for (int j = 0; j < k; j++) idx[j] = topk_composite_pos(u64[j]);
+    }
 }
 
 /* L = adaptive average pool of q (all c channels) to (gh, gw); qkv: the grid
@@ -201,7 +289,6 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp
                            int hp, int wp, int c, int gh, int gw)
 {
     size_t ld = 3 * (size_t)c;
-#pragma omp parallel for schedule(static)
     for (int mi = 0; mi < gh * gw; mi++) {
         int gy = mi / gw, gx = mi % gw;
         int y0 = adaptive_pool_start(gy, hp, gh), y1 = adaptive_pool_end(gy, hp, gh);
@@ -215,74 +302,99 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp
     }
 }
 
-/* Routing logits R = Q L^T of queries [n0, n1) of head h, in the probe's
- * buffer, and their routes e = argmax R[q, :] (ties to the lower expert). */
-static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */, int c, int d, int h,
-                       int m, int n0, int n1)
+/* Experts [e0, e1) of head h (at most MITA_EG): probe rows P = L K^T, per
+ * row the routed set, then exp(P s - max) and the shared summaries
+ * Sv = softmax_n(P s) V. */
+static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
+                         const float *land /* (m, c) */, int n, int ncls, int c, int d, int h,
+                         int m, int k, int e0, int e1, const ms_mita_record *rec,
+                         float *work /* (work_floats) */)
 {
     size_t ld = 3 * (size_t)c;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n1 - n0, m, d, 1.0f,
-                qkv + (size_t)n0 * ld + (size_t)h * d, (int)ld, w->land + (size_t)h * d, c, 0.0f,
-                w->scores + (size_t)n0 * m, m);
-    for (int qi = n0; qi < n1; qi++) w->route[qi] = argmax_first(w->scores + (size_t)qi * m, m, 1);
+    int g = e1 - e0;
+    float s = mita_scale(d);
+    float *p = work;                              /* (g, n) probe rows, then exp */
+    float *sum = p + (size_t)MITA_EG * n;         /* (g) their sums */
+    float *tk = sum + MITA_EG;                    /* top-k scratch */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, n, d, 1.0f,
+                land + (size_t)e0 * c + (size_t)h * d, c, qkv + c + (size_t)h * d, (int)ld, 0.0f,
+                p, n);
+    for (int e = e0; e < e1; e++) {
+        float *row = p + (size_t)(e - e0) * n;
+        int32_t *idx = w->idx + ((size_t)h * m + e) * k;
+        topk_row(idx, row, n, k, tk);
+        if (rec && rec->topk_idx) {
+            int32_t *dst = rec->topk_idx + ((size_t)h * m + e) * k;
+            for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
+        }
+        float mx = mita_max(row, n) * s;
+        sum[e - e0] = vm_exp_sum(row, n, s, mx);
+    }
+    float *sv = w->sv + ((size_t)h * m + e0) * d;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, n, 1.0f, p, n,
+                qkv + 2 * (size_t)c + (size_t)h * d, (int)ld, 0.0f, sv, d);
+    for (int e = 0; e < g; e++)
+        for (int j = 0; j < d; j++) sv[(size_t)e * d + j] /= sum[e];
 }
 
-/* Counting sort of the queries by expert (stable: ascending query within an
- * expert): counts, starts, order. */
-static void mita_sort_queries(const mita_ws *w, int n, int m)
+/* Routing logits R = Q L^T of queries [q0, q1) of head h and their routes
+ * e = argmax R[q, :] (ties to the lower expert). */
+static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */,
+                       const float *land /* (m, c) */, int n, int c, int d, int h, int m, int q0,
+                       int q1)
 {
-    for (int e = 0; e < m; e++) w->counts[e] = 0;
-    for (int qi = 0; qi < n; qi++) w->counts[w->route[qi]]++;
-    mita_scan_groups(w->starts, w->fill, w->counts, 1, m, MITA_QB);
-    for (int e = 0; e < m; e++) w->fill[e] = w->starts[e];
-    for (int qi = 0; qi < n; qi++) w->order[w->fill[w->route[qi]]++] = qi;
+    size_t ld = 3 * (size_t)c;
+    float *r = w->scores + ((size_t)h * n + q0) * m;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, q1 - q0, m, d, 1.0f,
+                qkv + (size_t)q0 * ld + (size_t)h * d, (int)ld, land + (size_t)h * d, c, 0.0f, r,
+                m);
+    int32_t *route = w->route + (size_t)h * n;
+    for (int qi = q0; qi < q1; qi++) route[qi] = argmax_first(r + (size_t)(qi - q0) * m, m, 1);
 }
 
-/* Joint softmax of one query over its m shared logits (row[0..m) = R[q, :],
- * scaled by s_sh here) and k routed logits (row[m..m+k), already scaled):
- * the two partial softmaxes, merged by log-sum-exp, become the row's final
- * weights. Returns the shared mass. */
-static float mita_weights(float *row /* (m + k) */, int m, int k, int e, float s_shared)
+/* Counting sort of head h's queries by expert (stable: ascending query
+ * within an expert) into the thread's counts, starts, order. */
+static void mita_sort_queries(const mita_thread *th, const int32_t *route /* (n) */, int n, int m)
 {
-    float m_a = row[e] * s_shared; /* e: the argmax of R[q, :] */
-    float l_a = vm_exp_sum(row, m, s_shared, m_a);
-    float m_b = mita_max(row + m, k);
-    float l_b = vm_exp_sum(row + m, k, 1.0f, m_b);
-    float mm, l, c_a, c_b;
-    softmax_merge(&mm, &l, &c_a, &c_b, m_a, l_a, m_b, l_b);
-    float inv = 1.0f / l;
-    mita_scale_row(row, m, c_a * inv);
-    mita_scale_row(row + m, k, c_b * inv);
-    return l_a * c_a * inv;
+    for (int e = 0; e < m; e++) th->counts[e] = 0;
+    for (int qi = 0; qi < n; qi++) th->counts[route[qi]]++;
+    for (int e = 0, at = 0; e < m; e++) {
+        th->starts[e] = th->fill[e] = at;
+        at += th->counts[e];
+    }
+    for (int qi = 0; qi < n; qi++) th->order[th->fill[route[qi]]++] = qi;
 }
 
-/* Sorted queries order[p0, p1) of head h, expert by expert in blocks of up
- * to QB: gather the expert's keys and values once; logits = Q K^T s by one
- * GEMM beside the block's rows of R; joint softmax weights; out = weights
- * [Sv ; V_e] by one more; record. */
+/* Sorted queries order[p0, p1) of head h (th: that head's counting sort),
+ * expert by expert in blocks of up to QB: gather the expert's keys and
+ * values once; logits = Q K^T s by one GEMM beside the block's rows of R;
+ * joint softmax weights; out = weights [Sv ; V_e] by one more; record. */
 static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
-                        const mita_ws *w, int n, int ncls, int c, int d, int h, int m, int k,
-                        float s_shared, const ms_mita_record *rec,
-                        float *buf /* (thread_floats) */, int p0, int p1)
+                        const mita_ws *w, const mita_thread *th, int n, int ncls, int c, int d,
+                        int h, int m, int k, float s_shared, const ms_mita_record *rec, int p0,
+                        int p1)
 {
     size_t ld = 3 * (size_t)c;
     int mk = m + k;
     float s = mita_scale(d);
-    float *ke = buf;                       /* (k, d) the expert's keys */
+    const int32_t *route = w->route + (size_t)h * n;
+    const float *scores = w->scores + (size_t)h * n * m; /* (n, m) */
+    float *ke = th->work;                  /* (k, d) the expert's keys */
     float *sve = ke + (size_t)k * d;       /* (m + k, d) summaries, then its values */
     float *qb = sve + (size_t)mk * d;      /* (QB, d) query block */
     float *lg = qb + (size_t)MITA_QB * d;  /* (QB, m + k) logits, then weights */
     float *ob = lg + (size_t)MITA_QB * mk; /* (QB, d) outputs */
-    if (p1 > p0) memcpy(sve, w->sv, (size_t)m * d * sizeof(float));
+    float *mass = ob + (size_t)MITA_QB * d; /* (QB) shared masses */
+    if (p1 > p0) memcpy(sve, w->sv + (size_t)h * m * d, (size_t)m * d * sizeof(float));
     int have = -1; /* expert whose rows are in ke, sve */
     for (int p = p0; p < p1;) {
-        int e = w->route[w->order[p]];
-        int end = w->starts[e] + w->counts[e];
+        int e = route[th->order[p]];
+        int end = th->starts[e] + th->counts[e];
         if (end > p1) end = p1;
         if (end > p + MITA_QB) end = p + MITA_QB;
         int nb = end - p;
         if (e != have) {
-            const int32_t *ids = w->idx + (size_t)e * k;
+            const int32_t *ids = w->idx + ((size_t)h * m + e) * k;
             for (int t = 0; t < k; t++) {
                 const float *row = qkv + (size_t)ids[t] * ld + (size_t)h * d;
                 memcpy(ke + (size_t)t * d, row + c, (size_t)d * sizeof(float));
@@ -291,23 +403,23 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
             have = e;
         }
         for (int r = 0; r < nb; r++) {
-            int qi = w->order[p + r];
+            int qi = th->order[p + r];
             memcpy(qb + (size_t)r * d, qkv + (size_t)qi * ld + (size_t)h * d,
                    (size_t)d * sizeof(float));
-            memcpy(lg + (size_t)r * mk, w->scores + (size_t)qi * m, (size_t)m * sizeof(float));
+            memcpy(lg + (size_t)r * mk, scores + (size_t)qi * m, (size_t)m * sizeof(float));
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, d, s, qb, d, ke, d, 0.0f,
                     lg + m, mk);
-        for (int r = 0; r < nb; r++) {
-            float mass = mita_weights(lg + (size_t)r * mk, m, k, e, s_shared);
-            size_t at = (size_t)h * n + mita_report_pos(w->order[p + r], ncls, n);
-            if (rec && rec->route) rec->route[at] = e;
-            if (rec && rec->shared_mass) rec->shared_mass[at] = mass;
+        mita_joint_softmax(lg, mass, nb, m, k, e, s_shared);
+        for (int r = 0; rec && r < nb; r++) {
+            size_t at = (size_t)h * n + mita_report_pos(th->order[p + r], ncls, n);
+            if (rec->route) rec->route[at] = e;
+            if (rec->shared_mass) rec->shared_mass[at] = mass[r];
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, mk, 1.0f, lg, mk, sve, d,
                     0.0f, ob, d);
         for (int r = 0; r < nb; r++)
-            memcpy(out + (size_t)w->order[p + r] * c + (size_t)h * d, ob + (size_t)r * d,
+            memcpy(out + (size_t)th->order[p + r] * c + (size_t)h * d, ob + (size_t)r * d,
                    (size_t)d * sizeof(float));
         p = end;
     }
@@ -319,15 +431,12 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     int n = ncls + hp * wp, m = gh * gw, d = c / heads, ld = 3 * c;
     mita_ws w;
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
-    mita_landmarks(w.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw);
-    float s = mita_scale(d), s_shared = mita_shared_scale(d, shared_scale_d);
-    size_t tf = thread_floats(n, m, k, d);
+    float s_shared = mita_shared_scale(d, shared_scale_d);
+    int groups = (m + MITA_EG - 1) / MITA_EG, blocks = (n + MITA_RB - 1) / MITA_RB;
+    int items = heads * (groups + blocks);
 
-    /* One parallel region for all heads; each thread runs single-threaded
-     * GEMMs on its share (see attention_full.c for why): probe columns,
-     * summary rows, routing rows, then an equal share of the
-     * expert-sorted queries. Results can differ by an ulp between thread
-     * counts (OpenBLAS rounds a GEMM's edge tiles differently). */
+    /* Each thread runs single-threaded GEMMs on its items (see
+     * attention_full.c for why). */
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
 #pragma omp parallel num_threads(chunks)
     {
@@ -336,49 +445,30 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
         t = omp_get_thread_num();
         nt = omp_get_num_threads();
 #endif
-        int n0 = (int)((long)n * t / nt), n1 = (int)((long)n * (t + 1) / nt); /* my tokens */
-        int m0 = m * t / nt, m1 = m * (t + 1) / nt;                           /* my experts */
-        float *buf = w.thread + (size_t)t * tf;
-        for (int h = 0; h < heads; h++) {
-            const float *kh = qkv + c + (size_t)h * d;
-            const float *vh = qkv + 2 * (size_t)c + (size_t)h * d;
-            const float *lh = w.land + (size_t)h * d;
-
-            /* probe P = L K^T (m, n), my columns */
-            if (n1 > n0)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n1 - n0, d, 1.0f, lh, c,
-                            kh + (size_t)n0 * ld, ld, 0.0f, w.scores + n0, n);
-#pragma omp barrier
-            /* per expert: routed set, then the row becomes exp(P s - max) */
+        mita_thread th = thread_share(&w, t, n, c, heads, m, k);
+        mita_landmarks(th.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw);
+        /* phase 1: the experts' items first (the larger ones), then the
+         * routing blocks; the loop's end is the one barrier */
 #pragma omp for schedule(dynamic)
-            for (int mi = 0; mi < m; mi++) {
-                float *row = w.scores + (size_t)mi * n;
-                int32_t *idx = w.idx + (size_t)mi * k;
-                topk_row(idx, row, n, k, (uint64_t *)buf, buf + 2 * (size_t)n,
-                         (int32_t *)(buf + 3 * (size_t)n));
-                if (rec && rec->topk_idx) {
-                    int32_t *dst = rec->topk_idx + ((size_t)h * m + mi) * k;
-                    for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
-                }
-                float mx = mita_max(row, n) * s;
-                w.rowsum[mi] = vm_exp_sum(row, n, s, mx);
+        for (int it = 0; it < items; it++) {
+            if (it < heads * groups) {
+                int h = it / groups, g = it % groups;
+                mita_experts(&w, qkv, th.land, n, ncls, c, d, h, m, k, m * g / groups,
+                             m * (g + 1) / groups, rec, th.work);
+            } else {
+                int h = (it - heads * groups) / blocks, b = (it - heads * groups) % blocks;
+                mita_route(&w, qkv, th.land, n, c, d, h, m, (int)((long)n * b / blocks),
+                           (int)((long)n * (b + 1) / blocks));
             }
-            /* shared summaries Sv = softmax_n(P s) V, my experts */
-            if (m1 > m0) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m1 - m0, d, n, 1.0f,
-                            w.scores + (size_t)m0 * n, n, vh, ld, 0.0f, w.sv + (size_t)m0 * d, d);
-                for (int mi = m0; mi < m1; mi++)
-                    for (int j = 0; j < d; j++) w.sv[(size_t)mi * d + j] /= w.rowsum[mi];
-            }
-#pragma omp barrier
-            /* routing logits R = Q L^T (n, m) and routes of my queries */
-            if (n1 > n0) mita_route(&w, qkv, c, d, h, m, n0, n1);
-#pragma omp barrier
-#pragma omp single
-            mita_sort_queries(&w, n, m);
-            /* routed part: an equal share of the sorted queries each */
-            mita_routed(out, qkv, &w, n, ncls, c, d, h, m, k, s_shared, rec, buf, n0, n1);
-#pragma omp barrier /* the next head's probe overwrites R */
+        }
+        /* phase 2: an equal share of all heads' expert-sorted queries */
+        long total = (long)heads * n, p0 = total * t / nt, p1 = total * (t + 1) / nt;
+        for (int h = (int)(p0 / n); h < heads && (long)h * n < p1; h++) {
+            long a = p0 - (long)h * n, b = p1 - (long)h * n;
+            int q0 = a > 0 ? (int)a : 0, q1 = b < n ? (int)b : n;
+            if (q0 >= q1) continue;
+            mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
+            mita_routed(out, qkv, &w, &th, n, ncls, c, d, h, m, k, s_shared, rec, q0, q1);
         }
     }
 }

@@ -1,7 +1,7 @@
 /* Row loops of MiTA on the CPU (kernels/mita.c), built once per CPU path
  * (cpu_path.h). All exact (compares, maxima, element-wise adds and scales,
- * nothing reassociated), so both paths give the same landmarks, routes and
- * routed sets. */
+ * nothing reassociated; integer counts), so both paths give the same
+ * landmarks, routes and routed sets. */
 #ifndef MS_MITA_SIMD_H
 #define MS_MITA_SIMD_H
 
@@ -24,6 +24,27 @@ MS_SIMD_DECLARE(int, mita_collect_at_least,
 MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
 /* x[i] *= a. */
 MS_SIMD_DECLARE(void, mita_scale_row, (float *x /* (n) */, int n, float a));
+/* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys. */
+MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n) */, int n));
+/* mita_collect_at_least on keys. */
+MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
+                (uint32_t *val /* (n) */, int32_t *pos /* (n) */, const uint32_t *key /* (n) */,
+                 int n, uint32_t t));
+/* How many key[i] >= t. */
+MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, int n, uint32_t t));
+/* idx[r] = pos[i], r = i's rank in descending key order, ties to the
+ * lower i (pos ascending: ties to the lower position). O(n^2): small n. */
+MS_SIMD_DECLARE(void, mita_rank_desc,
+                (int32_t *idx /* (n) */, const uint32_t *key /* (n) */,
+                 const int32_t *pos /* (n) */, int n));
+/* The joint softmax of nb rows of lg (stride m + k) whose route is e: the
+ * shared logits row[0..m) (R[q, :], scaled by s_shared here; row[e] their
+ * max) and the routed ones row[m..m+k) (already scaled), two partial
+ * softmaxes merged by log-sum-exp, become the final weights; mass[r] = the
+ * shared part's share. */
+MS_SIMD_DECLARE(void, mita_joint_softmax,
+                (float *lg /* (nb, m + k) */, float *mass /* (nb) */, int nb, int m, int k, int e,
+                 float s_shared));
 
 static inline float mita_max(const float *x, int n) { return MS_SIMD_CALL(mita_max, x, n); }
 static inline int mita_first_above(const float *x, int n, float thr)
@@ -41,6 +62,28 @@ static inline void mita_add(float *acc, const float *x, int n)
 static inline void mita_scale_row(float *x, int n, float a)
 {
     MS_SIMD_CALL(mita_scale_row, x, n, a);
+}
+static inline void mita_keys(uint32_t *key, const float *x, int n)
+{
+    MS_SIMD_CALL(mita_keys, key, x, n);
+}
+static inline int mita_collect_at_least_u32(uint32_t *val, int32_t *pos, const uint32_t *key,
+                                            int n, uint32_t t)
+{
+    return MS_SIMD_CALL(mita_collect_at_least_u32, val, pos, key, n, t);
+}
+static inline int mita_count_at_least_u32(const uint32_t *key, int n, uint32_t t)
+{
+    return MS_SIMD_CALL(mita_count_at_least_u32, key, n, t);
+}
+static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32_t *pos, int n)
+{
+    MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n);
+}
+static inline void mita_joint_softmax(float *lg, float *mass, int nb, int m, int k, int e,
+                                      float s_shared)
+{
+    MS_SIMD_CALL(mita_joint_softmax, lg, mass, nb, m, k, e, s_shared);
 }
 
 #ifdef __cplusplus
