@@ -5,51 +5,7 @@
 #include <stdint.h>
 
 #include "attention_simd.h"
-
-/* Bits of -127.0f and of 126.0f. */
-#define EXP2_LOW_BITS 0xC2FE0000u
-#define EXP2_HIGH_BITS 0x42FC0000
-
-/* 2^x for x <= 126, inlined so the row loops vectorise into straight-line
- * code: 20 vector instructions per 8 values, load, store and sum included,
- * 0.27 ns a value against libmvec's expf at 0.48 (called per vector; it
- * was three quarters of the softmax's time and an eighth of the op's) on
- * the v3 path. x = n + f, n an integer and |f| <= 1/2 exactly; 2^f by a
- * degree-6 polynomial (fitted for relative error on [-1/2, 1/2]: 1e-7, under
- * 2 ulp with float rounding); 2^n put into the exponent bits. Below -126.5
- * (and at -inf) it returns 0, where exp2f is below 1.7e-38; above 126 (and
- * for NaN) 2^126: callers check the row max and NaN for that.
- * The clamps are integer mins on the bits: read as signed, positive floats
- * grow with their value; read as unsigned, negative ones grow with their
- * magnitude (and lie above every positive one). A float select would not
- * vectorise without -fno-trapping-math. At n = -127 the exponent bits make
- * 2^n = 0. */
-static inline float exp2_clamped(float x)
-{
-    union {
-        float f;
-        int32_t i;
-        uint32_t u;
-    } v = {.f = x};
-    v.i = v.i < EXP2_HIGH_BITS ? v.i : EXP2_HIGH_BITS;
-    v.u = v.u < EXP2_LOW_BITS ? v.u : EXP2_LOW_BITS;
-    /* round to nearest by adding and taking away 1.5 * 2^23 (plain float
-     * adds; rintf has no vector form before SSE4.1) */
-    float n = (v.f + 12582912.0f) - 12582912.0f;
-    float f = v.f - n;
-    float p = 1.5353361960e-4f;
-    p = p * f + 1.3398875017e-3f;
-    p = p * f + 9.6184369177e-3f;
-    p = p * f + 5.5503323674e-2f;
-    p = p * f + 2.4022647738e-1f;
-    p = p * f + 6.9314718246e-1f;
-    p = p * f + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
-}
+#include "simd_math.h" /* exp2_clamped */
 
 float MS_SIMD_FN(attn_exp2_sum)(float *x /* (n) */, int n, float shift)
 {

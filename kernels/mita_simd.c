@@ -2,7 +2,6 @@
  * vectorises for the path's instruction set. */
 #include "mita_simd.h"
 
-#include "elementwise.h" /* softmax_merge */
 #include "simd_math.h"
 
 float MS_SIMD_FN(mita_max)(const float *x, int n)
@@ -82,11 +81,15 @@ int MS_SIMD_FN(mita_collect_at_least_u32)(uint32_t *val, int32_t *pos, const uin
 #pragma omp simd reduction(| : any)
         for (int j = 0; j < 32; j++) any |= key[i + j] >= t;
         if (!any) continue;
-        for (int j = i; j < i + 32; j++)
-            if (key[j] >= t) val[nc] = key[j], pos[nc++] = j;
+        for (int j = i; j < i + 32; j++) { /* branch-free: hits are not predictable */
+            val[nc] = key[j], pos[nc] = j;
+            nc += key[j] >= t;
+        }
     }
-    for (; i < n; i++)
-        if (key[i] >= t) val[nc] = key[i], pos[nc++] = i;
+    for (; i < n; i++) {
+        val[nc] = key[i], pos[nc] = i;
+        nc += key[i] >= t;
+    }
     return nc;
 }
 
@@ -113,37 +116,67 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
     }
 }
 
-/* Per row: exp and sum of the shared part (its max is row[e], the route's
- * logit), max, exp and sum of the routed part, the log-sum-exp merge, and
- * both parts scaled to final weights; the same arithmetic as vm_exp_sum and
- * mita_max one part at a time, in one call per block. */
-void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *mass, int nb, int m, int k, int e,
-                                    float s_shared)
+/* Per row: the routed part's max, the joint max (the shared part's is
+ * row[e], the route's logit), then 2^(logit - max) and the sums. exp2_clamped (simd_math.h) is exact enough and
+ * inlined (libmvec's expf was a third of this); a NaN or infinite logit,
+ * which it would clamp, makes the row's sum NaN, as expf would (z: the sum
+ * of logit * 0). */
+void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
+                                    int e, float s_shared)
 {
+    int mk = m + k;
     for (int r = 0; r < nb; r++) {
-        float *a = lg + (size_t)r * (m + k), *b = a + m;
-        float m_a = a[e] * s_shared, l_a = 0.0f, m_b = b[0], l_b = 0.0f;
-#pragma omp simd reduction(+ : l_a)
+        float *row = lg + (size_t)r * mk;
+        float m_a = row[e] * s_shared, m_b = row[m], l = 0.0f, l_a = 0.0f, z = 0.0f;
+#pragma omp simd reduction(max : m_b)
+        for (int j = m + 1; j < mk; j++) m_b = row[j] > m_b ? row[j] : m_b;
+        float mx = m_a > m_b ? m_a : m_b;
+#pragma omp simd reduction(+ : l_a, z)
         for (int i = 0; i < m; i++) {
-            float x = expf(a[i] * s_shared - m_a);
-            a[i] = x;
+            float x = exp2_clamped(row[i] * s_shared - mx);
+            z += row[i] * 0.0f;
+            row[i] = x;
             l_a += x;
         }
-#pragma omp simd reduction(max : m_b)
-        for (int j = 1; j < k; j++) m_b = b[j] > m_b ? b[j] : m_b;
-#pragma omp simd reduction(+ : l_b)
-        for (int j = 0; j < k; j++) {
-            float x = expf(b[j] - m_b);
-            b[j] = x;
-            l_b += x;
+#pragma omp simd reduction(+ : l, z)
+        for (int j = m; j < mk; j++) {
+            float x = exp2_clamped(row[j] - mx);
+            z += row[j] * 0.0f;
+            row[j] = x;
+            l += x;
         }
-        float mm, l, c_a, c_b;
-        softmax_merge(&mm, &l, &c_a, &c_b, m_a, l_a, m_b, l_b);
-        float inv = 1.0f / l, w_a = c_a * inv, w_b = c_b * inv;
+        l += l_a;
+        inv[r] = z == 0.0f ? 1.0f / l : NAN;
+        mass[r] = l_a * inv[r];
+    }
+}
+
+/* Kept as loops (GCC would turn them into a memcpy call per row). */
+#if defined(__GNUC__) && !defined(__clang__)
+#define MITA_NO_MEMCPY __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define MITA_NO_MEMCPY
+#endif
+
+MITA_NO_MEMCPY void MS_SIMD_FN(mita_gather_rows)(float *restrict dst, size_t dld, const float *restrict src,
+                                  size_t sld, const int32_t *rows, int nr, int d)
+{
+    for (int r = 0; r < nr; r++) {
+        const float *a = src + (size_t)rows[r] * sld;
+        float *b = dst + (size_t)r * dld;
 #pragma omp simd
-        for (int i = 0; i < m; i++) a[i] *= w_a;
+        for (int t = 0; t < d; t++) b[t] = a[t];
+    }
+}
+
+void MS_SIMD_FN(mita_scatter_rows_scaled)(float *restrict dst, size_t dld,
+                                           const float *restrict src, size_t sld,
+                                           const int32_t *rows, const float *f, int nr, int d)
+{
+    for (int r = 0; r < nr; r++) {
+        const float *a = src + (size_t)r * sld;
+        float *b = dst + (size_t)rows[r] * dld, fr = f[r];
 #pragma omp simd
-        for (int j = 0; j < k; j++) b[j] *= w_b;
-        mass[r] = l_a * w_a;
+        for (int t = 0; t < d; t++) b[t] = a[t] * fr;
     }
 }

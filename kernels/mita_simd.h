@@ -37,14 +37,24 @@ MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, in
 MS_SIMD_DECLARE(void, mita_rank_desc,
                 (int32_t *idx /* (n) */, const uint32_t *key /* (n) */,
                  const int32_t *pos /* (n) */, int n));
-/* The joint softmax of nb rows of lg (stride m + k) whose route is e: the
- * shared logits row[0..m) (R[q, :], scaled by s_shared here; row[e] their
- * max) and the routed ones row[m..m+k) (already scaled), two partial
- * softmaxes merged by log-sum-exp, become the final weights; mass[r] = the
- * shared part's share. */
+/* The joint softmax of nb rows of lg (stride m + k) whose route is e, in
+ * base 2, over the shared logits row[0..m) (R[q, :], times s_shared here,
+ * which includes log2(e); row[e] their max) and the routed ones
+ * row[m..m+k) (already scaled, log2(e) included): each row becomes
+ * 2^(logit - the row's max), inv[r] = 1 / its sum, mass[r] = the shared
+ * part's share. A row with a NaN or infinite logit gets inv NaN. */
 MS_SIMD_DECLARE(void, mita_joint_softmax,
-                (float *lg /* (nb, m + k) */, float *mass /* (nb) */, int nb, int m, int k, int e,
-                 float s_shared));
+                (float *lg /* (nb, m + k) */, float *inv /* (nb) */, float *mass /* (nb) */,
+                 int nb, int m, int k, int e, float s_shared));
+/* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats;
+ * scatter: the other way round, times f[r]. Inline vector copies: rows of
+ * 64 floats are too short for memcpy's call to pay. */
+MS_SIMD_DECLARE(void, mita_gather_rows,
+                (float *dst /* (nr, dld) */, size_t dld, const float *src, size_t sld,
+                 const int32_t *rows /* (nr) */, int nr, int d));
+MS_SIMD_DECLARE(void, mita_scatter_rows_scaled,
+                (float *dst, size_t dld, const float *src /* (nr, sld) */, size_t sld,
+                 const int32_t *rows /* (nr) */, const float *f /* (nr) */, int nr, int d));
 
 static inline float mita_max(const float *x, int n) { return MS_SIMD_CALL(mita_max, x, n); }
 static inline int mita_first_above(const float *x, int n, float thr)
@@ -80,10 +90,20 @@ static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32
 {
     MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n);
 }
-static inline void mita_joint_softmax(float *lg, float *mass, int nb, int m, int k, int e,
-                                      float s_shared)
+static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int nb, int m, int k,
+                                      int e, float s_shared)
 {
-    MS_SIMD_CALL(mita_joint_softmax, lg, mass, nb, m, k, e, s_shared);
+    MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, nb, m, k, e, s_shared);
+}
+static inline void mita_gather_rows(float *dst, size_t dld, const float *src, size_t sld,
+                                    const int32_t *rows, int nr, int d)
+{
+    MS_SIMD_CALL(mita_gather_rows, dst, dld, src, sld, rows, nr, d);
+}
+static inline void mita_scatter_rows_scaled(float *dst, size_t dld, const float *src, size_t sld,
+                                            const int32_t *rows, const float *f, int nr, int d)
+{
+    MS_SIMD_CALL(mita_scatter_rows_scaled, dst, dld, src, sld, rows, f, nr, d);
 }
 
 #ifdef __cplusplus
