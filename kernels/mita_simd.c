@@ -59,17 +59,24 @@ void MS_SIMD_FN(mita_scale_row)(float *x, int n, float a)
 
 /* topk_key as bit operations the compiler vectorises: -0 becomes +0, a
  * negative float's bits are inverted, a positive one's sign bit set. */
-void MS_SIMD_FN(mita_keys)(uint32_t *restrict key, const float *restrict x, int n)
+void MS_SIMD_FN(mita_keys)(uint32_t *restrict key, const float *restrict x, int n,
+                           uint32_t *kmin, uint32_t *kmax)
 {
-#pragma omp simd
+    uint32_t lo = UINT32_MAX, hi = 0;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
     for (int i = 0; i < n; i++) {
         union {
             float f;
             uint32_t u;
         } v = {x[i] == 0.0f ? 0.0f : x[i]};
         uint32_t neg = (uint32_t)((int32_t)v.u >> 31);
-        key[i] = v.u ^ (neg | 0x80000000u);
+        uint32_t kv = v.u ^ (neg | 0x80000000u);
+        key[i] = kv;
+        lo = kv < lo ? kv : lo;
+        hi = kv > hi ? kv : hi;
     }
+    *kmin = lo;
+    *kmax = hi;
 }
 
 int MS_SIMD_FN(mita_collect_at_least_u32)(uint32_t *val, int32_t *pos, const uint32_t *key, int n,
@@ -101,17 +108,16 @@ int MS_SIMD_FN(mita_count_at_least_u32)(const uint32_t *key, int n, uint32_t t)
     return cnt;
 }
 
-/* Branch-free: each entry's rank is two vector counts over the row (the
- * higher keys, and the equal ones before it: they have lower positions). */
-void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n)
+/* Branch-free: each entry's rank is one vector count over the keys (the
+ * higher ones, and the equal ones before it: they have lower positions). */
+void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
+                                int np)
 {
     for (int i = 0; i < n; i++) {
         uint32_t v = key[i];
         int r = 0;
 #pragma omp simd reduction(+ : r)
-        for (int j = 0; j < i; j++) r += key[j] >= v;
-#pragma omp simd reduction(+ : r)
-        for (int j = i + 1; j < n; j++) r += key[j] > v;
+        for (int j = 0; j < np; j++) r += (key[j] > v) | ((key[j] == v) & (j < i));
         idx[r] = pos[i];
     }
 }

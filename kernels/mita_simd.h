@@ -24,8 +24,10 @@ MS_SIMD_DECLARE(int, mita_collect_at_least,
 MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
 /* x[i] *= a. */
 MS_SIMD_DECLARE(void, mita_scale_row, (float *x /* (n) */, int n, float a));
-/* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys. */
-MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n) */, int n));
+/* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys;
+ * their least and largest. */
+MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n) */, int n,
+                                  uint32_t *kmin, uint32_t *kmax));
 /* mita_collect_at_least on keys. */
 MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
                 (uint32_t *val /* (n) */, int32_t *pos /* (n) */, const uint32_t *key /* (n) */,
@@ -33,10 +35,11 @@ MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
 /* How many key[i] >= t. */
 MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, int n, uint32_t t));
 /* idx[r] = pos[i], r = i's rank in descending key order, ties to the
- * lower i (pos ascending: ties to the lower position). O(n^2): small n. */
+ * lower i (pos ascending: ties to the lower position). key[n..np) must be
+ * 0 (np >= n, a multiple of 8: no loop tail). O(n np): small n. */
 MS_SIMD_DECLARE(void, mita_rank_desc,
-                (int32_t *idx /* (n) */, const uint32_t *key /* (n) */,
-                 const int32_t *pos /* (n) */, int n));
+                (int32_t *idx /* (n) */, const uint32_t *key /* (np) */,
+                 const int32_t *pos /* (n) */, int n, int np));
 /* The joint softmax of nb rows of lg (stride m + k) whose route is e, in
  * base 2, over the shared logits row[0..m) (R[q, :], times s_shared here,
  * which includes log2(e); row[e] their max) and the routed ones
@@ -73,9 +76,10 @@ static inline void mita_scale_row(float *x, int n, float a)
 {
     MS_SIMD_CALL(mita_scale_row, x, n, a);
 }
-static inline void mita_keys(uint32_t *key, const float *x, int n)
+static inline void mita_keys(uint32_t *key, const float *x, int n, uint32_t *kmin,
+                             uint32_t *kmax)
 {
-    MS_SIMD_CALL(mita_keys, key, x, n);
+    MS_SIMD_CALL(mita_keys, key, x, n, kmin, kmax);
 }
 static inline int mita_collect_at_least_u32(uint32_t *val, int32_t *pos, const uint32_t *key,
                                             int n, uint32_t t)
@@ -86,9 +90,10 @@ static inline int mita_count_at_least_u32(const uint32_t *key, int n, uint32_t t
 {
     return MS_SIMD_CALL(mita_count_at_least_u32, key, n, t);
 }
-static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32_t *pos, int n)
+static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
+                                  int np)
 {
-    MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n);
+    MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n, np);
 }
 static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int nb, int m, int k,
                                       int e, float s_shared)
