@@ -412,7 +412,9 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
 {
     size_t ld = 3 * (size_t)c;
     int mk = m + k;
-    float s = mita_scale(d) * MITA_LOG2E, s_shared2 = s_shared * MITA_LOG2E; /* base 2 */
+    /* routed logits q.k s in the shared ones' units q.l: the softmax then
+     * scales both by s_sh log2(e) (base 2) */
+    float s = mita_scale(d) / s_shared, s_shared2 = s_shared * MITA_LOG2E;
     const int32_t *route = w->route + (size_t)h * n;
     const float *scores = w->scores + (size_t)h * n * m; /* (n, m) */
     float *ke = th->work;                  /* (k, d) the expert's keys */
@@ -442,7 +444,7 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
         mita_gather_rows(lg, mk, scores, m, qs, nb, m);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, d, s, qb, d, ke, d, 0.0f,
                     lg + m, mk);
-        mita_joint_softmax(lg, inv, mass, nb, m, k, e, s_shared2);
+        mita_joint_softmax(lg, inv, rec && rec->shared_mass ? mass : NULL, nb, m, k, s_shared2);
         for (int r = 0; rec && r < nb; r++) {
             size_t at = (size_t)h * n + mita_report_pos(qs[r], ncls, n);
             if (rec->route) rec->route[at] = e;

@@ -122,38 +122,36 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
     }
 }
 
-/* Per row: the routed part's max, the joint max (the shared part's is
- * row[e], the route's logit), then 2^(logit - max) and the sums. exp2_clamped (simd_math.h) is exact enough and
- * inlined (libmvec's expf was a third of this); a NaN or infinite logit,
- * which it would clamp, makes the row's sum NaN, as expf would (z: the sum
- * of logit * 0). */
+/* Per row: the max, 2^(logit * scale - max) and the sum in two uniform
+ * passes over all m + k (the routed logits come scaled to the shared
+ * ones' units), then the shared part's sum when asked. exp2_clamped
+ * (simd_math.h) is exact enough and inlined (libmvec's expf was a third of
+ * this); a NaN or infinite logit, which it would clamp, makes the row's
+ * sum NaN, as expf would (z: the sum of logit * 0). */
 void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
-                                    int e, float s_shared)
+                                    float scale)
 {
     int mk = m + k;
     for (int r = 0; r < nb; r++) {
         float *row = lg + (size_t)r * mk;
-        float m_a = row[e] * s_shared, m_b = row[m], l = 0.0f, l_a = 0.0f, z = 0.0f;
-#pragma omp simd reduction(max : m_b)
-        for (int j = m + 1; j < mk; j++) m_b = row[j] > m_b ? row[j] : m_b;
-        float mx = m_a > m_b ? m_a : m_b;
-#pragma omp simd reduction(+ : l_a, z)
-        for (int i = 0; i < m; i++) {
-            float x = exp2_clamped(row[i] * s_shared - mx);
+        float mx = row[0], l = 0.0f, z = 0.0f;
+#pragma omp simd reduction(max : mx)
+        for (int i = 1; i < mk; i++) mx = row[i] > mx ? row[i] : mx;
+        mx *= scale;
+#pragma omp simd reduction(+ : l, z)
+        for (int i = 0; i < mk; i++) {
+            float x = exp2_clamped(row[i] * scale - mx);
             z += row[i] * 0.0f;
             row[i] = x;
-            l_a += x;
-        }
-#pragma omp simd reduction(+ : l, z)
-        for (int j = m; j < mk; j++) {
-            float x = exp2_clamped(row[j] - mx);
-            z += row[j] * 0.0f;
-            row[j] = x;
             l += x;
         }
-        l += l_a;
         inv[r] = z == 0.0f ? 1.0f / l : NAN;
-        mass[r] = l_a * inv[r];
+        if (mass) {
+            float l_a = 0.0f;
+#pragma omp simd reduction(+ : l_a)
+            for (int i = 0; i < m; i++) l_a += row[i];
+            mass[r] = l_a * inv[r];
+        }
     }
 }
 

@@ -40,15 +40,15 @@ MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, in
 MS_SIMD_DECLARE(void, mita_rank_desc,
                 (int32_t *idx /* (n) */, const uint32_t *key /* (np) */,
                  const int32_t *pos /* (n) */, int n, int np));
-/* The joint softmax of nb rows of lg (stride m + k) whose route is e, in
- * base 2, over the shared logits row[0..m) (R[q, :], times s_shared here,
- * which includes log2(e); row[e] their max) and the routed ones
- * row[m..m+k) (already scaled, log2(e) included): each row becomes
- * 2^(logit - the row's max), inv[r] = 1 / its sum, mass[r] = the shared
- * part's share. A row with a NaN or infinite logit gets inv NaN. */
+/* The joint softmax of nb rows of lg (stride m + k), in base 2, over the
+ * shared logits row[0..m) (R[q, :]) and the routed ones row[m..m+k), both
+ * in units that `scale` (log2(e) included) turns into base-2 logits: each
+ * row becomes 2^(logit - the row's max), inv[r] = 1 / its sum, mass[r]
+ * (mass not NULL) = the shared part's share. A row with a NaN or infinite
+ * logit gets inv NaN. */
 MS_SIMD_DECLARE(void, mita_joint_softmax,
                 (float *lg /* (nb, m + k) */, float *inv /* (nb) */, float *mass /* (nb) */,
-                 int nb, int m, int k, int e, float s_shared));
+                 int nb, int m, int k, float scale));
 /* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats;
  * scatter: the other way round, times f[r]. Inline vector copies: rows of
  * 64 floats are too short for memcpy's call to pay. */
@@ -96,9 +96,9 @@ static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32
     MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n, np);
 }
 static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int nb, int m, int k,
-                                      int e, float s_shared)
+                                      float scale)
 {
-    MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, nb, m, k, e, s_shared);
+    MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, nb, m, k, scale);
 }
 static inline void mita_gather_rows(float *dst, size_t dld, const float *src, size_t sld,
                                     const int32_t *rows, int nr, int d)
