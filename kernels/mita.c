@@ -40,9 +40,14 @@
 /* Phase 1 items: queries per routing item (at most). Routing items are
  * small: they fill the threads' ends after the experts' items. */
 #define MITA_RB 128
-/* Experts' summary GEMMs in row blocks of this many (OpenBLAS: 16 x 64 x
- * 690 runs 25 % faster than 49 x 64 x 690, 1 thread, AVX-512). */
-#define MITA_SB 16
+/* Experts' summary GEMMs (rows x d x n) in row blocks of at most
+ * MITA_SB rows and MITA_SB_MNK multiply-adds where that allows blocks of
+ * at least 4 rows, else in one: OpenBLAS 0.3.21 runs such blocks with its
+ * small-matrix kernels, without packing (1 thread, AVX-512, 49 rows in
+ * all: N = 690 39 us against 49 in one GEMM, N = 1024 57 against 75 (88 in
+ * blocks of 16); N = 4096 299 in one, 376 in blocks of 16). */
+#define MITA_SB 12
+#define MITA_SB_MNK 786432
 
 /* The joint softmax runs in base 2: its scales take log2(e). */
 #define MITA_LOG2E 1.44269504088896341f
@@ -365,10 +370,12 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
         sum[e - e0] = vm_exp_sum(row, n, s, mx);
     }
     float *sv = w->sv + ((size_t)h * m + e0) * d;
-    for (int r = 0; r < g; r += MITA_SB)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g - r < MITA_SB ? g - r : MITA_SB,
-                    d, n, 1.0f, p + (size_t)r * n, n, qkv + 2 * (size_t)c + (size_t)h * d,
-                    (int)ld, 0.0f, sv + (size_t)r * d, d);
+    long sb = MITA_SB_MNK / ((long)d * n);
+    sb = sb < 4 ? g : (sb > MITA_SB ? MITA_SB : sb);
+    for (int r = 0; r < g; r += (int)sb)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g - r < sb ? g - r : (int)sb, d, n,
+                    1.0f, p + (size_t)r * n, n, qkv + 2 * (size_t)c + (size_t)h * d, (int)ld, 0.0f,
+                    sv + (size_t)r * d, d);
     for (int e = 0; e < g; e++)
         for (int j = 0; j < d; j++) sv[(size_t)e * d + j] /= sum[e];
 }
