@@ -92,7 +92,7 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
 /* Top-k scratch of one row (floats): 64-bit keys (the sample's, then the
  * winners'), candidate scores, positions and keys, selected keys and
  * positions. */
-static size_t topk_floats(int n, int k)
+size_t mita_topk_floats(int n, int k)
 {
     size_t u64 = (size_t)n > 2 * (size_t)k ? (size_t)n : 2 * (size_t)k;
     return u64 + 5 * (size_t)n + 8; /* + 8: the ranking's padding */
@@ -113,7 +113,7 @@ static int expert_groups(int m, int heads, int chunks)
  * (QB, m + k), outputs (QB, d), shared masses and 1 / sums (QB). */
 static size_t work_floats(int n, int m, int k, int d, int g)
 {
-    size_t probe = (size_t)g * (n + 1) + topk_floats(n, k);
+    size_t probe = (size_t)g * (n + 1) + mita_topk_floats(n, k);
     size_t routed =
         ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k + 2);
     return probe > routed ? probe : routed;
@@ -277,8 +277,8 @@ static uint32_t kth_key(int *above, const uint32_t *key /* (n) */, int n, int k,
  * least k scores reach (the k-th best of a strided sample, so every score
  * below it is out of the top k): about k n / sample of them, found by a
  * vector pass. */
-static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
-                     float *buf /* (topk_floats(n, k)) */)
+void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+                   float *buf /* (mita_topk_floats(n, k)) */)
 {
     size_t nu = (size_t)n > 2 * (size_t)k ? (size_t)n : 2 * (size_t)k;
     uint64_t *u64 = (uint64_t *)buf;          /* (nu / 2) sample keys, then sorted winners */
@@ -298,7 +298,7 @@ static void topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n
         for (int i = 1; i < k; i++) kth = u64[i] < kth ? u64[i] : kth;
         nc = mita_collect_at_least(val, pos, score, n, score[topk_composite_pos(kth)]);
         if (nc >= k) cand = val;
-        else nc = n; /* NaNs in the row: no threshold */
+        else nc = n; /* NaNs in the row (topk_key orders them): no threshold */
     }
     uint32_t kmin, kmax;
     mita_keys(key, cand, nc, &kmin, &kmax);
@@ -361,7 +361,7 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
     for (int e = e0; e < e1; e++) {
         float *row = p + (size_t)(e - e0) * n;
         int32_t *idx = w->idx + ((size_t)h * m + e) * k;
-        topk_row(idx, row, n, k, tk);
+        mita_topk_row(idx, row, n, k, tk);
         if (rec && rec->topk_idx) {
             int32_t *dst = rec->topk_idx + ((size_t)h * m + e) * k;
             for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);

@@ -37,6 +37,14 @@ MS_HD int mita_report_pos(int i, int ncls, int n) { return i < ncls ? n - ncls +
 size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, int gw, int k,
                           int chunks);
 
+/* idx = the k best positions of score[0..n) (1 <= k <= n), best first:
+ * higher score first, ties to the lower position, NaNs ordered by their
+ * bits (topk_key, mita_cuda_math.h). buf: mita_topk_floats(n, k) floats.
+ * What mita_cpu runs per expert; exposed for the tests. */
+size_t mita_topk_floats(int n, int k);
+void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+                   float *buf);
+
 /* Sizes already clamped (mita_clamp). n = ncls + hp*wp tokens, the class
  * token first. ws: mita_scratch_bytes bytes. */
 void mita_cpu(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int hp, int wp, int ncls,

@@ -13,17 +13,13 @@ extern "C" {
 
 /* The largest of x[0..n), n >= 1 (unspecified where x holds a NaN). */
 MS_SIMD_DECLARE(float, mita_max, (const float *x /* (n) */, int n));
-/* The first i in [0, n) with x[i] > thr, or n. */
-MS_SIMD_DECLARE(int, mita_first_above, (const float *x /* (n) */, int n, float thr));
 /* Appends the x[i] >= t to val and their i to pos, in order; returns how
- * many. */
+ * many, or -1 where x holds a NaN (which no compare takes in). */
 MS_SIMD_DECLARE(int, mita_collect_at_least,
                 (float *val /* (n) */, int32_t *pos /* (n) */, const float *x /* (n) */, int n,
                  float t));
 /* acc[i] += x[i]. */
 MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
-/* x[i] *= a. */
-MS_SIMD_DECLARE(void, mita_scale_row, (float *x /* (n) */, int n, float a));
 /* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys;
  * their least and largest. */
 MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n) */, int n,
@@ -60,10 +56,6 @@ MS_SIMD_DECLARE(void, mita_scatter_rows_scaled,
                  const int32_t *rows /* (nr) */, const float *f /* (nr) */, int nr, int d));
 
 static inline float mita_max(const float *x, int n) { return MS_SIMD_CALL(mita_max, x, n); }
-static inline int mita_first_above(const float *x, int n, float thr)
-{
-    return MS_SIMD_CALL(mita_first_above, x, n, thr);
-}
 static inline int mita_collect_at_least(float *val, int32_t *pos, const float *x, int n, float t)
 {
     return MS_SIMD_CALL(mita_collect_at_least, val, pos, x, n, t);
@@ -71,10 +63,6 @@ static inline int mita_collect_at_least(float *val, int32_t *pos, const float *x
 static inline void mita_add(float *acc, const float *x, int n)
 {
     MS_SIMD_CALL(mita_add, acc, x, n);
-}
-static inline void mita_scale_row(float *x, int n, float a)
-{
-    MS_SIMD_CALL(mita_scale_row, x, n, a);
 }
 static inline void mita_keys(uint32_t *key, const float *x, int n, uint32_t *kmin,
                              uint32_t *kmax)

@@ -4,15 +4,19 @@
  * products, one joint softmax), in double, top-k by repeated selection.
  * Odd sizes, head dims that are no multiple of 8, 1 to 6 heads, class token
  * on and off, experts with no query, all queries in one expert, k = n,
- * exact ties (also past the top-k's sampled prefilter), 1 and 2 threads, and
- * the vector row helpers (kernels/mita_simd.c) on both CPU paths against
- * plain loops. CMake runs this file once more with MS_CPU_PATH=base. */
+ * exact ties (also past the top-k's sampled prefilter), 1 and 2 threads;
+ * the top-k row alone against a full sort of its keys (ties, signed zeros,
+ * infinities, NaNs, k up to n), and the vector row helpers
+ * (kernels/mita_simd.c: keys, counts, ranking, joint softmax, gathers) on
+ * both CPU paths against plain loops. CMake runs this file once more with
+ * MS_CPU_PATH=base. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu_path.h"
 #include "kernels/mita.h"
+#include "kernels/mita_cuda_math.h" /* topk_key, topk_composite */
 #include "kernels/mita_simd.h"
 #include "kernels/ops.h"
 #include "testutil_ops.h"
@@ -222,7 +226,8 @@ START_TEST(test_mita_grouped_vs_per_query)
         {5, 9, 1, 3, 5, 7, 7, 49, true},    /* d = 5, grid < 7x7, k = n (46) */
         {9, 11, 0, 4, 12, 7, 7, 49, true},  /* default M, k; many experts */
         {6, 7, 1, 5, 4, 2, 3, 200, false},  /* k > n: clamped to n (43) */
-        {11, 23, 1, 6, 12, 7, 7, 9, true},  /* 6 heads; 253 tokens: sampled top-k prefilter */
+        {11, 23, 1, 6, 12, 7, 7, 9, true},  /* 6 heads, 254 tokens */
+        {46, 46, 0, 1, 8, 7, 7, 49, true},  /* 2116 tokens: the top-k's sampled prefilter */
         {23, 31, 0, 2, 20, 5, 6, 13, false}, /* 713 tokens, more than a query block per expert */
         {1, 1, 1, 2, 4, 7, 7, 49, true},    /* one grid token and the class token */
     };
@@ -267,13 +272,14 @@ START_TEST(test_mita_exact_ties)
      * every probe and routing logit an exact integer sum. Keys take one of
      * four integer rows, so scores tie in large classes and the top k cut
      * through a class (lower positions win); every query ties across all
-     * experts (route 0). n = 460 and 1151 take the sampled prefilter, whose
+     * experts (route 0). n = 2116 takes the sampled prefilter, whose
      * threshold then lands on a tied score. */
     const mita_case cases[] = {
         {20, 23, 0, 2, 12, 3, 3, 9, true},
         {20, 23, 1, 3, 5, 7, 7, 49, false},
         {1, 1, 1, 1, 8, 2, 2, 2, true},
         {25, 46, 1, 1, 9, 7, 7, 49, true},
+        {45, 47, 1, 1, 9, 7, 7, 49, true},
     };
     for (int cs = 0; cs < (int)(sizeof cases / sizeof cases[0]); cs++) {
         const mita_case *tc = &cases[cs];
@@ -338,9 +344,7 @@ START_TEST(test_mita_row_helpers_paths)
             for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
             ck_assert(mita_max(x, n) == mx);
             for (float t = -8.0f; t <= 8.0f; t += 0.5f) { /* includes every value of x */
-                int first = n, nc = 0;
-                for (int i = n - 1; i >= 0; i--) first = x[i] > t ? i : first;
-                ck_assert_int_eq(mita_first_above(x, n, t), first);
+                int nc = 0;
                 int got = mita_collect_at_least(val, pos, x, n, t);
                 for (int i = 0; i < n; i++)
                     if (x[i] >= t) {
@@ -350,11 +354,13 @@ START_TEST(test_mita_row_helpers_paths)
                     }
                 ck_assert_int_eq(got, nc);
             }
+            float keep = x[n / 2];
+            x[n / 2] = NAN; /* a NaN anywhere: -1 */
+            ck_assert_int_eq(mita_collect_at_least(val, pos, x, n, -8.0f), -1);
+            x[n / 2] = keep;
             for (int i = 0; i < n; i++) acc[i] = want[i] = (float)i * 0.25f;
             mita_add(acc, x, n);
             for (int i = 0; i < n; i++) ck_assert(acc[i] == want[i] + x[i]);
-            mita_scale_row(acc, n, 0.75f);
-            for (int i = 0; i < n; i++) ck_assert(acc[i] == (want[i] + x[i]) * 0.75f);
         }
     }
     ck_assert_int_eq(cpu_path_set(start), MS_OK);
@@ -388,6 +394,209 @@ START_TEST(test_mita_paths_agree)
 }
 END_TEST
 
+
+/* ---------- the top-k row and the row helpers of the fast path ---------- */
+
+static int u64_cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x < y) - (x > y);
+}
+
+/* Row kinds for the top-k: random, few values (ties in large classes),
+ * signed zeros, infinities and NaNs of both signs, all equal, increasing,
+ * values spread over many binades (the key search's bracket), and clusters
+ * of equal values at the top. */
+static void topk_fill(float *x, int n, int kind, uint32_t seed)
+{
+    rand_fill(x, (size_t)n, seed, -3.0f, 3.0f);
+    for (int i = 0; i < n; i++) {
+        uint32_t h = (uint32_t)i * 2654435761u + seed;
+        switch (kind) {
+        case 1: x[i] = (float)((int)(h >> 29) % 4 - 1); break;
+        case 2: x[i] = (h >> 30) == 0 ? -0.0f : ((h >> 30) == 1 ? 0.0f : x[i]); break;
+        case 3: {
+            uint32_t r = (h >> 27) % 8;
+            x[i] = r == 0 ? INFINITY : r == 1 ? -INFINITY : r == 2 ? NAN : r == 3 ? -NAN : x[i];
+            break;
+        }
+        case 4: x[i] = 1.5f; break;
+        case 5: x[i] = (float)i * 0.25f; break;
+        case 6: x[i] = ldexpf((h & 1) ? 1.0f : -1.0f, (int)(h >> 24) % 200 - 100); break;
+        case 7: x[i] = (h >> 28) < 3 ? 7.0f : x[i]; break;
+        default: break;
+        }
+    }
+}
+
+START_TEST(test_mita_topk_rows_paths)
+{
+    /* mita_topk_row against sorting every (topk_key, position) composite:
+     * the exact order (higher first, ties to the lower position, NaNs by
+     * their bits), on both CPU paths; rows up to and past MITA_TOPK_DIRECT
+     * (2048: the sampled prefilter), k from 1 to n, past 128 (a sort, not
+     * the ranking). */
+    const int ns[] = {1, 2, 7, 49, 50, 97, 690, 1024, 2049, 3001, 4100};
+    const int ks[] = {1, 2, 7, 48, 49, 128, 129, 400};
+    ms_cpu_path start = cpu_path_get();
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++) {
+            int n = ns[a];
+            float *x = falloc((size_t)n);
+            uint64_t *ref = calloc((size_t)n, sizeof *ref);
+            int32_t *idx = calloc((size_t)n, sizeof *idx);
+            ck_assert_ptr_nonnull(ref);
+            ck_assert_ptr_nonnull(idx);
+            for (int kind = 0; kind < 8; kind++) {
+                topk_fill(x, n, kind, 1000u + (uint32_t)(n * 8 + kind));
+                for (int i = 0; i < n; i++) ref[i] = topk_composite(topk_key(x[i]), i);
+                qsort(ref, (size_t)n, sizeof *ref, u64_cmp_desc);
+                for (size_t b = 0; b <= sizeof ks / sizeof ks[0]; b++) {
+                    int k = b < sizeof ks / sizeof ks[0] ? ks[b] : n; /* last: k = n */
+                    if (k > n) continue;
+                    float *buf = falloc(mita_topk_floats(n, k));
+                    mita_topk_row(idx, x, n, k, buf);
+                    for (int j = 0; j < k; j++)
+                        ck_assert_msg(idx[j] == topk_composite_pos(ref[j]),
+                                      "path %d n %d k %d kind %d: idx[%d] = %d, want %d", pi, n,
+                                      k, kind, j, idx[j], topk_composite_pos(ref[j]));
+                    ms_free(buf);
+                }
+            }
+            ms_free(x);
+            free(ref);
+            free(idx);
+        }
+    }
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
+START_TEST(test_mita_fast_helpers_paths)
+{
+    /* The top-k's key helpers, the ranking, the joint softmax and the row
+     * gathers on every path against plain loops, at lengths with and
+     * without vector tails. */
+    ms_cpu_path start = cpu_path_get();
+    enum { N = 203 };
+    float x[N], got[N * 3];
+    uint32_t key[N + 8], kv[N];
+    int32_t pos[N], idx[N], rows[N];
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (int n = 1; n <= N; n += (n < 40 ? 1 : 27)) {
+            topk_fill(x, n, n % 8, 77u + (uint32_t)n);
+            uint32_t lo, hi;
+            mita_keys(key, x, n, &lo, &hi);
+            uint32_t want_lo = UINT32_MAX, want_hi = 0;
+            for (int i = 0; i < n; i++) {
+                ck_assert_uint_eq(key[i], topk_key(x[i]));
+                want_lo = key[i] < want_lo ? key[i] : want_lo;
+                want_hi = key[i] > want_hi ? key[i] : want_hi;
+            }
+            ck_assert_uint_eq(lo, want_lo);
+            ck_assert_uint_eq(hi, want_hi);
+            for (int s = 0; s < n; s += 1 + n / 9) { /* thresholds: keys of the row */
+                uint32_t t = key[s];
+                int cnt = 0;
+                for (int i = 0; i < n; i++) cnt += key[i] >= t;
+                ck_assert_int_eq(mita_count_at_least_u32(key, n, t), cnt);
+                int nc = mita_collect_at_least_u32(kv, pos, key, n, t), w = 0;
+                ck_assert_int_eq(nc, cnt);
+                for (int i = 0; i < n; i++)
+                    if (key[i] >= t) {
+                        ck_assert_int_eq(pos[w], i);
+                        ck_assert_uint_eq(kv[w++], key[i]);
+                    }
+            }
+            /* ranking: descending key, ties to the lower entry */
+            int np = (n + 7) & ~7;
+            for (int i = n; i < np; i++) key[i] = 0;
+            for (int i = 0; i < n; i++) pos[i] = 1000 + i;
+            mita_rank_desc(idx, key, pos, n, np);
+            for (int j = 0; j < n; j++) {
+                int best = -1;
+                for (int i = 0; i < n; i++) { /* the j-th: selection by hand */
+                    bool used = false;
+                    for (int q = 0; q < j; q++) used |= idx[q] == 1000 + i;
+                    if (!used && (best < 0 || key[i] > key[best])) best = i;
+                }
+                ck_assert_int_eq(idx[j], 1000 + best);
+            }
+            /* gathers and the scaled scatter */
+            for (int i = 0; i < n; i++) rows[i] = (i * 7 + 3) % n;
+            float src[N * 3], fac[N];
+            rand_fill(src, (size_t)n * 3, 5u + (uint32_t)n, -1.0f, 1.0f);
+            rand_fill(fac, (size_t)n, 6u + (uint32_t)n, -2.0f, 2.0f);
+            mita_gather_rows(got, 2, src, 3, rows, n, 2);
+            for (int r = 0; r < n; r++)
+                for (int t = 0; t < 2; t++)
+                    ck_assert(got[r * 2 + t] == src[rows[r] * 3 + t]);
+            for (int i = 0; i < n * 3; i++) got[i] = -9.0f;
+            for (int i = 0; i < n; i++) rows[i] = n - 1 - i; /* a permutation */
+            mita_scatter_rows_scaled(got, 3, src, 3, rows, fac, n, 2);
+            for (int r = 0; r < n; r++) {
+                for (int t = 0; t < 2; t++)
+                    ck_assert(got[rows[r] * 3 + t] == src[r * 3 + t] * fac[r]);
+                ck_assert(got[rows[r] * 3 + 2] == -9.0f);
+            }
+        }
+    }
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
+START_TEST(test_mita_joint_softmax_paths)
+{
+    /* Rows of m shared and k routed logits against the softmax in double
+     * (2^(x scale)), with odd m, k; a NaN or an infinite logit makes the
+     * row's 1 / sum NaN. */
+    const int mks[][2] = {{1, 1}, {3, 5}, {49, 49}, {9, 200}, {64, 16}};
+    ms_cpu_path start = cpu_path_get();
+    for (int pi = 0; pi < cpu_path_count(); pi++) {
+        ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+        for (size_t c = 0; c < sizeof mks / sizeof mks[0]; c++) {
+            int m = mks[c][0], k = mks[c][1], mk = m + k, nb = 5;
+            float *lg = frand((size_t)nb * mk, 40u + (uint32_t)c, -20.0f, 20.0f);
+            double *want = dalloc((size_t)nb * mk), wmass[5];
+            float inv[5], mass[5], scale = 0.37f;
+            lg[(size_t)1 * mk + mk - 1] = 60.0f; /* a routed logit far above the rest */
+            for (int r = 0; r < nb; r++) {
+                double mx = -INFINITY, sum = 0, sa = 0;
+                for (int i = 0; i < mk; i++) mx = fmax(mx, (double)lg[r * mk + i] * scale);
+                for (int i = 0; i < mk; i++) {
+                    double e = exp2((double)lg[r * mk + i] * scale - mx);
+                    want[r * mk + i] = e;
+                    sum += e;
+                    sa += i < m ? e : 0;
+                }
+                for (int i = 0; i < mk; i++) want[r * mk + i] /= sum;
+                wmass[r] = sa / sum;
+            }
+            lg[(size_t)3 * mk] = NAN;
+            lg[(size_t)4 * mk + mk / 2] = INFINITY;
+            mita_joint_softmax(lg, inv, mass, nb, m, k, scale);
+            for (int r = 0; r < nb; r++) {
+                if (r >= 3) {
+                    ck_assert(isnan(inv[r]));
+                    continue;
+                }
+                for (int i = 0; i < mk; i++)
+                    ck_assert_msg(fabs(lg[r * mk + i] * inv[r] - want[r * mk + i]) <= 2e-6,
+                                  "path %d m %d k %d row %d: weight %d %.8g, want %.8g", pi, m,
+                                  k, r, i, lg[r * mk + i] * inv[r], want[r * mk + i]);
+                ck_assert(fabs(mass[r] - wmass[r]) <= 2e-6);
+            }
+            mita_joint_softmax(lg, inv, NULL, 1, m, k, scale); /* no mass asked */
+            ms_free(lg);
+            ms_free(want);
+        }
+    }
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops_mita");
@@ -399,6 +608,9 @@ int main(void)
     tcase_add_test(tc, test_mita_op_threads);
     tcase_add_test(tc, test_mita_row_helpers_paths);
     tcase_add_test(tc, test_mita_paths_agree);
+    tcase_add_test(tc, test_mita_topk_rows_paths);
+    tcase_add_test(tc, test_mita_fast_helpers_paths);
+    tcase_add_test(tc, test_mita_joint_softmax_paths);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
