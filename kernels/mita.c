@@ -49,6 +49,10 @@
 #define MITA_SB 12
 #define MITA_SB_MNK 786432
 
+/* Phase 2 items: about this many expert-sorted queries of one head (an
+ * expert cut by a chunk's end is gathered once more). */
+#define MITA_PC 192
+
 /* The joint softmax runs in base 2: its scales take log2(e). */
 #define MITA_LOG2E 1.44269504088896341f
 
@@ -472,17 +476,17 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
     float s_shared = mita_shared_scale(d, shared_scale_d);
     int groups = expert_groups(m, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
-    int items = heads * (groups + blocks);
+    int items = heads * (groups + blocks), pchunks = (n + MITA_PC / 2) / MITA_PC;
+    if (pchunks < 1) pchunks = 1;
 
     /* Each thread runs single-threaded GEMMs on its items (see
      * attention_full.c for why). */
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
 #pragma omp parallel num_threads(chunks)
     {
-        int t = 0, nt = 1;
+        int t = 0;
 #ifdef _OPENMP
         t = omp_get_thread_num();
-        nt = omp_get_num_threads();
 #endif
         mita_thread th = thread_share(&w, t, n, c, heads, m, k, chunks);
         mita_landmarks(th.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw);
@@ -500,13 +504,16 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                            (int)((long)n * (b + 1) / blocks));
             }
         }
-        /* phase 2: an equal share of all heads' expert-sorted queries */
-        long total = (long)heads * n, p0 = total * t / nt, p1 = total * (t + 1) / nt;
-        for (int h = (int)(p0 / n); h < heads && (long)h * n < p1; h++) {
-            long a = p0 - (long)h * n, b = p1 - (long)h * n;
-            int q0 = a > 0 ? (int)a : 0, q1 = b < n ? (int)b : n;
-            if (q0 >= q1) continue;
-            mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
+        /* phase 2: each head's expert-sorted queries in chunks taken
+         * dynamically (a thread that the machine holds back leaves the rest
+         * to the others); each thread sorts a head's queries itself */
+        int sorted = -1; /* the head whose order th holds */
+#pragma omp for schedule(dynamic) nowait
+        for (int it = 0; it < heads * pchunks; it++) {
+            int h = it / pchunks, pc = it % pchunks;
+            int q0 = (int)((long)n * pc / pchunks), q1 = (int)((long)n * (pc + 1) / pchunks);
+            if (h != sorted) mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
+            sorted = h;
             mita_routed(out, qkv, &w, &th, n, ncls, c, d, h, m, k, s_shared, rec, q0, q1);
         }
     }
