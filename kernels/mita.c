@@ -30,13 +30,6 @@
 #include <omp.h>
 #endif
 
-/* Top-k prefilter sample, for rows longer than MITA_TOPK_DIRECT: at most
- * this many times k scores of the row (and at most a quarter of it), so
- * that few scores pass its threshold and the vector pass skips most blocks
- * of the row. Shorter rows go straight to the bisection. */
-#define MITA_TOPK_SAMPLE 64
-#define MITA_TOPK_DIRECT 2048
-
 /* Phase 1 items: queries per routing item (at most). Routing items are
  * small: they fill the threads' ends after the experts' items. */
 #define MITA_RB 128
@@ -93,13 +86,12 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
     return p;
 }
 
-/* Top-k scratch of one row (floats): 64-bit keys (the sample's, then the
- * winners'), candidate scores, positions and keys, selected keys and
- * positions. */
+/* Top-k scratch of one row (floats): keys (n), selected keys (n + 8:
+ * the ranking's padding) and positions (n), 64-bit keys for a sort (2k,
+ * 8-byte aligned). */
 size_t mita_topk_floats(int n, int k)
 {
-    size_t u64 = (size_t)n > 2 * (size_t)k ? (size_t)n : 2 * (size_t)k;
-    return u64 + 5 * (size_t)n + 8; /* + 8: the ranking's padding */
+    return 3 * (size_t)n + 8 + 1 + 2 * (size_t)k;
 }
 
 /* Expert items per head: at least one per thread, else as few as possible
@@ -174,66 +166,12 @@ size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, in
     return mita_layout(&w, NULL, ncls + hp * wp, c, heads, gh * gw, k, chunks);
 }
 
-/* Top-k on composite keys (mita_cuda_math.h: topk_composite): one uint64
- * per score whose descending order is topk_before's (higher score first,
- * ties to the lower position), all distinct, so selection needs no tie
- * rules: select the k largest, then sort those. */
-
-static void u64_swap(uint64_t *a, int i, int j)
-{
-    uint64_t t = a[i];
-    a[i] = a[j];
-    a[j] = t;
-}
-
+/* Descending order of composite keys (mita_cuda_math.h: topk_composite):
+ * higher score first, ties to the lower position (topk_before). */
 static int u64_desc(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
     return (x < y) - (x > y);
-}
-
-/* Reorders a[0..n) so that its k largest come first (in any order),
- * 1 <= k <= n. Quickselect with a median-of-three pivot; after 64 rounds
- * (adversarial input) a sort finishes it. */
-static void u64_select_desc(uint64_t *a, int n, int k)
-{
-    int lo = 0, hi = n - 1;
-    for (int round = 0; lo < hi; round++) {
-        if (round == 64) {
-            qsort(a + lo, (size_t)(hi - lo + 1), sizeof *a, u64_desc);
-            return;
-        }
-        int mid = lo + (hi - lo) / 2;
-        if (a[mid] > a[lo]) u64_swap(a, mid, lo);
-        if (a[hi] > a[lo]) u64_swap(a, hi, lo);
-        if (a[hi] > a[mid]) u64_swap(a, hi, mid); /* a[lo] >= a[mid] >= a[hi] */
-        uint64_t pivot = a[mid];
-        int i = lo, j = hi;
-        while (i <= j) { /* Hoare partition, descending */
-            while (a[i] > pivot) i++;
-            while (a[j] < pivot) j--;
-            if (i <= j) u64_swap(a, i++, j--);
-        }
-        /* a[lo..j] >= pivot >= a[i..hi], j < i, and pivots between */
-        if (k <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else return;
-    }
-}
-
-/* Sorts a[0..n) descending (the k winners: insertion sort unless many). */
-static void u64_sort_desc(uint64_t *a, int n)
-{
-    if (n > 64) {
-        qsort(a, (size_t)n, sizeof *a, u64_desc);
-        return;
-    }
-    for (int i = 1; i < n; i++) {
-        uint64_t v = a[i];
-        int j = i - 1;
-        for (; j >= 0 && a[j] < v; j--) a[j + 1] = a[j];
-        a[j + 1] = v;
-    }
 }
 
 /* The k-th largest of key[0..n) (1 <= k <= n; all keys in [kmin, kmax])
@@ -276,44 +214,27 @@ static uint32_t kth_key(int *above, const uint32_t *key /* (n) */, int n, int k,
  * 1 <= k <= n. Keys: topk_key, whose order is the scores' (NaNs ordered by
  * their bits, -0 = +0). The k-th largest key t (kth_key) splits the row:
  * the winners are the keys > t and, ties to the lower position, the first
- * of those = t; then they are sorted by (key, position). Rows longer than
- * MITA_TOPK_DIRECT first keep only the scores >= a threshold t0 that at
- * least k scores reach (the k-th best of a strided sample, so every score
- * below it is out of the top k): about k n / sample of them, found by a
- * vector pass. */
+ * of those = t; then they are sorted by (key, position). A strided
+ * sample's threshold that kept only about 4k candidates (the search
+ * before) was slower at every N from 690 to 16384. */
 void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
                    float *buf /* (mita_topk_floats(n, k)) */)
 {
-    size_t nu = (size_t)n > 2 * (size_t)k ? (size_t)n : 2 * (size_t)k;
-    uint64_t *u64 = (uint64_t *)buf;          /* (nu / 2) sample keys, then sorted winners */
-    float *val = buf + nu;                    /* (n) candidate scores */
-    int32_t *pos = (int32_t *)(val + n);      /* (n) their positions */
-    uint32_t *key = (uint32_t *)(pos + n);    /* (n) their keys */
-    uint32_t *wkey = key + n;                 /* (n + 8) keys >= the k-th, then the winners' */
-    int32_t *wpos = (int32_t *)(wkey + n + 8); /* (n) their candidate numbers, then positions */
-    const float *cand = score;
-    int nc = n, sample = n / 4 < MITA_TOPK_SAMPLE * k ? n / 4 : MITA_TOPK_SAMPLE * k;
-    if (n > MITA_TOPK_DIRECT && sample >= 2 * k) {
-        int stride = n / sample;
-        for (int i = 0; i < sample; i++)
-            u64[i] = topk_composite(topk_key(score[(size_t)i * stride]), i * stride);
-        u64_select_desc(u64, sample, k);
-        uint64_t kth = u64[0];
-        for (int i = 1; i < k; i++) kth = u64[i] < kth ? u64[i] : kth;
-        nc = mita_collect_at_least(val, pos, score, n, score[topk_composite_pos(kth)]);
-        if (nc >= k) cand = val;
-        else nc = n; /* NaNs in the row (topk_key orders them): no threshold */
-    }
+    uint32_t *key = (uint32_t *)buf;               /* (n) */
+    uint32_t *wkey = key + n;                      /* (n + 8) keys >= the k-th, then winners' */
+    int32_t *wpos = (int32_t *)(wkey + n + 8);     /* (n) their positions */
+    uintptr_t at = ((uintptr_t)(buf + 3 * (size_t)n + 8) + 7) & ~(uintptr_t)7;
+    uint64_t *u64 = (uint64_t *)at;                /* (k) composite keys, 8-byte aligned */
     uint32_t kmin, kmax;
-    mita_keys(key, cand, nc, &kmin, &kmax);
+    mita_keys(key, score, n, &kmin, &kmax);
     int above, ties = k;
-    uint32_t t = kth_key(&above, key, nc, k, kmin, kmax);
+    uint32_t t = kth_key(&above, key, n, k, kmin, kmax);
     if (above >= 0) ties = k - above; /* keys = t that still get in */
-    int ns = mita_collect_at_least_u32(wkey, wpos, key, nc, t), w = 0;
+    int ns = mita_collect_at_least_u32(wkey, wpos, key, n, t), w = 0;
     for (int i = 0; i < ns && w < k; i++)
         if (wkey[i] > t || ties-- > 0) { /* ascending position: the first ties win */
             wkey[w] = wkey[i];
-            wpos[w++] = cand == score ? wpos[i] : pos[wpos[i]];
+            wpos[w++] = wpos[i];
         }
     if (k <= 128) {
         int kp = (k + 7) & ~7;
@@ -321,7 +242,7 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
         mita_rank_desc(idx, wkey, wpos, k, kp);
     } else {
         for (int j = 0; j < k; j++) u64[j] = topk_composite(wkey[j], wpos[j]);
-        u64_sort_desc(u64, k);
+        qsort(u64, (size_t)k, sizeof *u64, u64_desc);
         for (int j = 0; j < k; j++) idx[j] = topk_composite_pos(u64[j]);
     }
 }

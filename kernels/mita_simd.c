@@ -12,27 +12,6 @@ float MS_SIMD_FN(mita_max)(const float *x, int n)
     return m;
 }
 
-int MS_SIMD_FN(mita_collect_at_least)(float *val, int32_t *pos, const float *x, int n, float t)
-{
-    int nc = 0, i = 0, nan = 0;
-    for (; i + 32 <= n; i += 32) {
-        int any = 0;
-#pragma omp simd reduction(| : any, nan)
-        for (int j = 0; j < 32; j++) {
-            any |= x[i + j] >= t;
-            nan |= x[i + j] != x[i + j];
-        }
-        if (!any) continue;
-        for (int j = i; j < i + 32; j++)
-            if (x[j] >= t) val[nc] = x[j], pos[nc++] = j;
-    }
-    for (; i < n; i++) {
-        nan |= x[i] != x[i];
-        if (x[i] >= t) val[nc] = x[i], pos[nc++] = i;
-    }
-    return nan ? -1 : nc;
-}
-
 void MS_SIMD_FN(mita_add)(float *restrict acc, const float *restrict x, int n)
 {
 #pragma omp simd

@@ -13,18 +13,14 @@ extern "C" {
 
 /* The largest of x[0..n), n >= 1 (unspecified where x holds a NaN). */
 MS_SIMD_DECLARE(float, mita_max, (const float *x /* (n) */, int n));
-/* Appends the x[i] >= t to val and their i to pos, in order; returns how
- * many, or -1 where x holds a NaN (which no compare takes in). */
-MS_SIMD_DECLARE(int, mita_collect_at_least,
-                (float *val /* (n) */, int32_t *pos /* (n) */, const float *x /* (n) */, int n,
-                 float t));
 /* acc[i] += x[i]. */
 MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
 /* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys;
  * their least and largest. */
 MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n) */, int n,
                                   uint32_t *kmin, uint32_t *kmax));
-/* mita_collect_at_least on keys. */
+/* Appends the key[i] >= t to val and their i to pos, in order; returns
+ * how many. */
 MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
                 (uint32_t *val /* (n) */, int32_t *pos /* (n) */, const uint32_t *key /* (n) */,
                  int n, uint32_t t));
@@ -56,10 +52,6 @@ MS_SIMD_DECLARE(void, mita_scatter_rows_scaled,
                  const int32_t *rows /* (nr) */, const float *f /* (nr) */, int nr, int d));
 
 static inline float mita_max(const float *x, int n) { return MS_SIMD_CALL(mita_max, x, n); }
-static inline int mita_collect_at_least(float *val, int32_t *pos, const float *x, int n, float t)
-{
-    return MS_SIMD_CALL(mita_collect_at_least, val, pos, x, n, t);
-}
 static inline void mita_add(float *acc, const float *x, int n)
 {
     MS_SIMD_CALL(mita_add, acc, x, n);

@@ -4,7 +4,7 @@
  * products, one joint softmax), in double, top-k by repeated selection.
  * Odd sizes, head dims that are no multiple of 8, 1 to 6 heads, class token
  * on and off, experts with no query, all queries in one expert, k = n,
- * exact ties (also past the top-k's sampled prefilter), 1 and 2 threads;
+ * exact ties, 1 and 2 threads;
  * the top-k row alone against a full sort of its keys (ties, signed zeros,
  * infinities, NaNs, k up to n), and the vector row helpers
  * (kernels/mita_simd.c: keys, counts, ranking, joint softmax, gathers) on
@@ -227,7 +227,7 @@ START_TEST(test_mita_grouped_vs_per_query)
         {9, 11, 0, 4, 12, 7, 7, 49, true},  /* default M, k; many experts */
         {6, 7, 1, 5, 4, 2, 3, 200, false},  /* k > n: clamped to n (43) */
         {11, 23, 1, 6, 12, 7, 7, 9, true},  /* 6 heads, 254 tokens */
-        {46, 46, 0, 1, 8, 7, 7, 49, true},  /* 2116 tokens: the top-k's sampled prefilter */
+        {46, 46, 0, 1, 8, 7, 7, 49, true},  /* 2116 tokens */
         {23, 31, 0, 2, 20, 5, 6, 13, false}, /* 713 tokens, more than a query block per expert */
         {1, 1, 1, 2, 4, 7, 7, 49, true},    /* one grid token and the class token */
     };
@@ -272,8 +272,7 @@ START_TEST(test_mita_exact_ties)
      * every probe and routing logit an exact integer sum. Keys take one of
      * four integer rows, so scores tie in large classes and the top k cut
      * through a class (lower positions win); every query ties across all
-     * experts (route 0). n = 2116 takes the sampled prefilter, whose
-     * threshold then lands on a tied score. */
+     * experts (route 0), up to n = 2116. */
     const mita_case cases[] = {
         {20, 23, 0, 2, 12, 3, 3, 9, true},
         {20, 23, 1, 3, 5, 7, 7, 49, false},
@@ -330,12 +329,11 @@ END_TEST
 
 START_TEST(test_mita_row_helpers_paths)
 {
-    /* The vector helpers on every path the CPU runs, at lengths with and
-     * without tails, against plain loops; thresholds hit exactly. */
+    /* The row max and add on every path the CPU runs, at lengths with and
+     * without tails, against plain loops. */
     ms_cpu_path start = cpu_path_get();
     int n_paths = cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1;
-    float x[203], acc[203], want[203], val[203];
-    int32_t pos[203];
+    float x[203], acc[203], want[203];
     for (int pi = 0; pi < n_paths; pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (int n = 1; n <= 203; n += (n < 40 ? 1 : 27)) {
@@ -343,21 +341,6 @@ START_TEST(test_mita_row_helpers_paths)
             float mx = x[0];
             for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
             ck_assert(mita_max(x, n) == mx);
-            for (float t = -8.0f; t <= 8.0f; t += 0.5f) { /* includes every value of x */
-                int nc = 0;
-                int got = mita_collect_at_least(val, pos, x, n, t);
-                for (int i = 0; i < n; i++)
-                    if (x[i] >= t) {
-                        ck_assert_int_lt(nc, got);
-                        ck_assert_int_eq(pos[nc], i);
-                        ck_assert(val[nc++] == x[i]);
-                    }
-                ck_assert_int_eq(got, nc);
-            }
-            float keep = x[n / 2];
-            x[n / 2] = NAN; /* a NaN anywhere: -1 */
-            ck_assert_int_eq(mita_collect_at_least(val, pos, x, n, -8.0f), -1);
-            x[n / 2] = keep;
             for (int i = 0; i < n; i++) acc[i] = want[i] = (float)i * 0.25f;
             mita_add(acc, x, n);
             for (int i = 0; i < n; i++) ck_assert(acc[i] == want[i] + x[i]);
@@ -433,9 +416,8 @@ START_TEST(test_mita_topk_rows_paths)
 {
     /* mita_topk_row against sorting every (topk_key, position) composite:
      * the exact order (higher first, ties to the lower position, NaNs by
-     * their bits), on both CPU paths; rows up to and past MITA_TOPK_DIRECT
-     * (2048: the sampled prefilter), k from 1 to n, past 128 (a sort, not
-     * the ranking). */
+     * their bits), on both CPU paths; rows up to 4100, k from 1 to n, past
+     * 128 (a sort, not the ranking). */
     const int ns[] = {1, 2, 7, 49, 50, 97, 690, 1024, 2049, 3001, 4100};
     const int ks[] = {1, 2, 7, 48, 49, 128, 129, 400};
     ms_cpu_path start = cpu_path_get();
