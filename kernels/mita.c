@@ -23,7 +23,6 @@
 #include "gemm.h"
 #include "mita_cuda_math.h" /* topk_key, topk_composite */
 #include "mita_simd.h"
-#include "vmath.h"
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -276,7 +275,7 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
 {
     size_t ld = 3 * (size_t)c;
     int g = e1 - e0;
-    float s = mita_scale(d);
+    float s2 = mita_scale(d) * MITA_LOG2E;
     float *p = work;                              /* (g, n) probe rows, then exp */
     float *sum = p + (size_t)g * n;               /* (g) their sums */
     float *tk = sum + g;                          /* top-k scratch */
@@ -291,8 +290,8 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
             int32_t *dst = rec->topk_idx + ((size_t)h * m + e) * k;
             for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
         }
-        float mx = mita_max(row, n) * s;
-        sum[e - e0] = vm_exp_sum(row, n, s, mx);
+        float mx = mita_max(row, n) * s2; /* base 2: exp(P s - max) up to rounding */
+        sum[e - e0] = mita_exp2_sum(row, n, s2, mx);
     }
     float *sv = w->sv + ((size_t)h * m + e0) * d;
     long sb = MITA_SB_MNK / ((long)d * n);

@@ -116,6 +116,22 @@ void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, 
     }
 }
 
+/* exp2_clamped inlined (libmvec's expf is called per vector); the sum is
+ * NaN where x holds a NaN or an infinity, as with expf (z: the sum of
+ * x * 0). */
+float MS_SIMD_FN(mita_exp2_sum)(float *x, int n, float scale, float shift)
+{
+    float sum = 0.0f, z = 0.0f;
+#pragma omp simd reduction(+ : sum, z)
+    for (int i = 0; i < n; i++) {
+        float e = exp2_clamped(x[i] * scale - shift);
+        z += x[i] * 0.0f;
+        x[i] = e;
+        sum += e;
+    }
+    return z == 0.0f ? sum : NAN;
+}
+
 /* Kept as loops (GCC would turn them into a memcpy call per row). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define MITA_NO_MEMCPY __attribute__((optimize("no-tree-loop-distribute-patterns")))

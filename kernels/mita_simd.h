@@ -13,6 +13,10 @@ extern "C" {
 
 /* The largest of x[0..n), n >= 1 (unspecified where x holds a NaN). */
 MS_SIMD_DECLARE(float, mita_max, (const float *x /* (n) */, int n));
+/* x[i] = 2^(x[i] * scale - shift), for x[i] * scale - shift <= 126 (shift
+ * the row max times scale); returns the sum of the new x, NaN where x held
+ * a NaN or an infinity. */
+MS_SIMD_DECLARE(float, mita_exp2_sum, (float *x /* (n) */, int n, float scale, float shift));
 /* acc[i] += x[i]. */
 MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
 /* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys;
@@ -52,6 +56,10 @@ MS_SIMD_DECLARE(void, mita_scatter_rows_scaled,
                  const int32_t *rows /* (nr) */, const float *f /* (nr) */, int nr, int d));
 
 static inline float mita_max(const float *x, int n) { return MS_SIMD_CALL(mita_max, x, n); }
+static inline float mita_exp2_sum(float *x, int n, float scale, float shift)
+{
+    return MS_SIMD_CALL(mita_exp2_sum, x, n, scale, shift);
+}
 static inline void mita_add(float *acc, const float *x, int n)
 {
     MS_SIMD_CALL(mita_add, acc, x, n);

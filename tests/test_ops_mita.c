@@ -533,7 +533,7 @@ START_TEST(test_mita_joint_softmax_paths)
 {
     /* Rows of m shared and k routed logits against the softmax in double
      * (2^(x scale)), with odd m, k; a NaN or an infinite logit makes the
-     * row's 1 / sum NaN. */
+     * row's 1 / sum NaN. The summaries' mita_exp2_sum likewise. */
     const int mks[][2] = {{1, 1}, {3, 5}, {49, 49}, {9, 200}, {64, 16}};
     ms_cpu_path start = cpu_path_get();
     for (int pi = 0; pi < cpu_path_count(); pi++) {
@@ -571,6 +571,20 @@ START_TEST(test_mita_joint_softmax_paths)
                 ck_assert(fabs(mass[r] - wmass[r]) <= 2e-6);
             }
             mita_joint_softmax(lg, inv, NULL, 1, m, k, scale); /* no mass asked */
+            /* the summaries' row exp: 2^(x scale - shift) and its sum */
+            float *row = frand((size_t)mk, 60u + (uint32_t)c, -20.0f, 20.0f), mx = row[0];
+            for (int i = 1; i < mk; i++) mx = fmaxf(mx, row[i]);
+            double sum = 0;
+            for (int i = 0; i < mk; i++) sum += exp2((double)row[i] * scale - mx * scale);
+            float *ex = falloc((size_t)mk);
+            memcpy(ex, row, (size_t)mk * sizeof(float));
+            ck_assert(fabs(mita_exp2_sum(ex, mk, scale, mx * scale) - sum) <= 2e-6 * sum);
+            for (int i = 0; i < mk; i++)
+                ck_assert(fabs(ex[i] - exp2((double)row[i] * scale - mx * scale)) <= 2e-7);
+            row[mk / 2] = NAN;
+            ck_assert(isnan(mita_exp2_sum(row, mk, scale, mx * scale)));
+            ms_free(row);
+            ms_free(ex);
             ms_free(lg);
             ms_free(want);
         }
