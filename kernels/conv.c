@@ -4,8 +4,8 @@
  * writes the output while the GEMM's result is still in cache (BatchNorm is
  * folded into weight and bias at load, app/engine.c).
  * - 1x1 stride 1 unpadded: a GEMM on the input itself, in column chunks.
- * - 3x3 stride-1 pad-1 convs of 32+ channels on maps of 32x32 or more (the
- *   ConvModules of neck and head): Winograd F(4x4, 3x3), below.
+ * - 3x3 stride-1 pad-1 convs of 32+ channels on maps of 12 4x4 tiles or
+ *   more (the ConvModules of neck and head): Winograd F(4x4, 3x3), below.
  * - other stride-1 convs (small maps, narrow convs): implicit
  *   GEMM. The band's input rows are copied once, zero-padded, with row
  *   length wp = w + 2 pad; kernel tap (ky, kx) is then a GEMM whose B is that
@@ -218,13 +218,15 @@ static void conv2d_implicit(float *out /* (co, ho, wo) */, const float *in /* (c
  * 4x fewer (F(2x2, 3x3), used before, saved 2.25x), for more rounding in the
  * transforms' sums (the coefficients up to 8 of A^T and 1/24 of G): within
  * the float tolerances of tests/test_ops_conv.c and the goldens; measured on
- * CamVid in the README. Convs under 32 channels or 64 tiles (about 32x32
- * pixels) keep the implicit GEMM, whose GEMMs are then as fast and exact. */
+ * CamVid in the README. Convs under 32 channels or 12 tiles keep the
+ * implicit GEMM: measured (2 threads) Winograd was 1.8-2.5x faster from 12
+ * tiles up (11x15 to 23x30 maps, 128-704 channels: the PPM bottleneck and
+ * the coarse FPN levels) and as fast or slower at 4 tiles. */
 #ifndef WINO_MIN_CH
 #define WINO_MIN_CH 32
 #endif
 #ifndef WINO_MIN_TILES
-#define WINO_MIN_TILES 64
+#define WINO_MIN_TILES 12
 #endif
 /* floats between consecutive V_k (and M_k): at power-of-two sizes the 36
  * streams the transforms write and read would otherwise share cache sets */

@@ -220,7 +220,7 @@ START_TEST(test_conv2d_nested)
 END_TEST
 
 /* The Winograd F(4x4, 3x3) path on its own at every size (conv2d_cpu takes
- * it only from 32 channels and 64 tiles up): heights and widths of every
+ * it only from 32 channels and 12 tiles up): heights and widths of every
  * residue mod 4 (a last tile with one, two or three rows or columns), channel counts that are not multiples of 8,
  * bias on and off, every activation; workspaces from the sized one down to
  * the transformed weights and one tile row (a band per tile row), then
