@@ -258,8 +258,8 @@ static bool conv2d_is_wino(int ci, int h, int wd, int co, int kh, int kw, int st
  * 36 GEMMs by k), so V and M exist once. Scratch: the transformed weights of
  * one chunk of kc input channels (36 co kc), a zero row, per thread the
  * vertical transform of six rows (6 wp, wp = 4 tw + 2) and four output rows
- * (16 tw), then V and M of the band (36 (kc + co) nt, plus skews). With more
- * than one chunk, each band transforms the weights again, chunk by chunk. */
+ * (16 tw), then V and M of the band (36 (kc + co) nt, plus skews). Chunks
+ * run one after another over all bands, each adding to the output. */
 typedef struct {
     int rows, bands, threads; /* tile rows per band (the last may have fewer) */
     int kc, chunks;           /* input channels per chunk (the last may have fewer) */
@@ -323,18 +323,25 @@ static void wino_input_channel(float *v /* (36, kst): channel c's (trows, tw) */
     }
 }
 
-/* Output rows of one output channel's tile rows [ty0, ty0+trows) from M,
- * then bias and activation; a last tile reaching past the image drops its
- * extra rows and columns. */
+/* Output rows of one output channel's tile rows [ty0, ty0+trows) from M; a
+ * last tile reaching past the image drops its extra rows and columns. The
+ * chunks of input channels add up after the (linear) output transform:
+ * the first chunk writes, later ones add, the last one adds the bias and
+ * applies the activation. */
 static void wino_output_channel(float *out /* (h, wd) */, const float *m /* (36, kst) */,
                                 size_t kst, float *tmp /* (4, 4 tw) */, float bias, int h,
-                                int wd, ms_act act, int ty0, int trows)
+                                int wd, ms_act act, int ty0, int trows, bool first, bool last)
 {
     const int tw = wino_tiles(wd);
     for (int r = 0; r < trows; r++) {
         wino43_output_row(tmp, m + (size_t)r * tw, kst, tw);
-        for (int i = 0, y = 4 * (ty0 + r); i < 4 && y < h; i++, y++)
-            conv_bias_act_row(out + (size_t)y * wd, tmp + (size_t)i * 4 * tw, wd, bias, act);
+        for (int i = 0, y = 4 * (ty0 + r); i < 4 && y < h; i++, y++) {
+            float *o = out + (size_t)y * wd;
+            const float *src = tmp + (size_t)i * 4 * tw;
+            if (first && last) conv_bias_act_row(o, src, wd, bias, act);
+            else if (first) memcpy(o, src, (size_t)wd * sizeof(float));
+            else conv_acc_bias_act_row(o, src, wd, bias, last ? act : MS_ACT_NONE, last);
+        }
     }
 }
 
@@ -363,30 +370,29 @@ static void conv2d_wino(float *out /* (co, h, wd) */, const float *in /* (ci, h,
     {
         float *t = threads + (size_t)conv_thread_id() * wino_thread_floats(tw); /* (6, wp) */
         float *tmp = t + round16((size_t)6 * (4 * tw + 2));                      /* (4, 4 tw) */
-        if (p.chunks == 1) wino_weights(u, w, ci, co, 0, ci);
-        for (int bi = 0; bi < p.bands; bi++) {
-            int ty0 = bi * p.rows, trows = th - ty0 < p.rows ? th - ty0 : p.rows;
-            int nt = trows * tw;
-            size_t km = (size_t)co * nt + WINO_SKEW;
-            float *m = v + 36 * ((size_t)p.kc * nt + WINO_SKEW); /* (36, co, nt), k stride km */
-            for (int ch = 0; ch < p.chunks; ch++) {
-                int c0 = ch * p.kc, nc = ci - c0 < p.kc ? ci - c0 : p.kc;
-                size_t kv = (size_t)nc * nt + WINO_SKEW;
-                if (p.chunks > 1) wino_weights(u, w, ci, co, c0, nc);
+        for (int ch = 0; ch < p.chunks; ch++) {
+            int c0 = ch * p.kc, nc = ci - c0 < p.kc ? ci - c0 : p.kc;
+            wino_weights(u, w, ci, co, c0, nc);
+            for (int bi = 0; bi < p.bands; bi++) {
+                int ty0 = bi * p.rows, trows = th - ty0 < p.rows ? th - ty0 : p.rows;
+                int nt = trows * tw;
+                size_t kv = (size_t)nc * nt + WINO_SKEW, km = (size_t)co * nt + WINO_SKEW;
+                float *m = v + 36 * ((size_t)p.kc * nt + WINO_SKEW); /* (36, co, nt) */
 #pragma omp for schedule(static)
                 for (int c = 0; c < nc; c++)
                     wino_input_channel(v + (size_t)c * nt, kv, t, in + (c0 + c) * plane, zero, h,
                                        wd, ty0, trows);
 #pragma omp for schedule(static)
                 for (int k = 0; k < 36; k++)
-                    /* M_k (co, nt) (+)= U_k (co, nc) @ V_k (nc, nt) */
+                    /* M_k (co, nt) = U_k (co, nc) @ V_k (nc, nt) */
                     gemm_cpu(m + k * km, u + (size_t)k * co * nc, v + k * kv, co, nt, nc, false,
-                             false, nc, nt, nt, 1.0f, ch ? 1.0f : 0.0f);
-            }
+                             false, nc, nt, nt, 1.0f, 0.0f);
 #pragma omp for schedule(static)
-            for (int o = 0; o < co; o++)
-                wino_output_channel(out + o * plane, m + (size_t)o * nt, km, tmp,
-                                    b ? b[o] : 0.0f, h, wd, act, ty0, trows);
+                for (int o = 0; o < co; o++)
+                    wino_output_channel(out + o * plane, m + (size_t)o * nt, km, tmp,
+                                        b ? b[o] : 0.0f, h, wd, act, ty0, trows, ch == 0,
+                                        ch == p.chunks - 1);
+            }
         }
     }
 }

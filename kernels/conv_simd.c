@@ -24,6 +24,29 @@ void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n)
     }
 }
 
+void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */,
+                                       int n, float bias, ms_act act, bool last)
+{
+    if (!last) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) dst[i] += src[i];
+        return;
+    }
+    if (act == MS_ACT_RELU) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) {
+            float v = dst[i] + src[i] + bias;
+            dst[i] = v > 0.0f ? v : 0.0f;
+        }
+    } else if (act == MS_ACT_NONE) {
+#pragma omp simd
+        for (int i = 0; i < n; i++) dst[i] = dst[i] + src[i] + bias;
+    } else {
+#pragma omp simd
+        for (int i = 0; i < n; i++) dst[i] = simd_gelu(dst[i] + src[i] + bias);
+    }
+}
+
 void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0 /* (n) */,
                                           const float *t1 /* (n) */, int n, float bias,
                                           ms_act act)

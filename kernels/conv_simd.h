@@ -14,6 +14,12 @@ extern "C" {
 MS_SIMD_DECLARE(void, conv_bias_act_row,
                 (float *dst /* (n) */, const float *src /* (n) */, int n, float bias, ms_act act));
 
+/* Accumulating: dst[i] += src[i], or at the last term dst[i] = act(dst[i] +
+ * src[i] + bias). */
+MS_SIMD_DECLARE(void, conv_acc_bias_act_row,
+                (float *dst /* (n) */, const float *src /* (n) */, int n, float bias, ms_act act,
+                 bool last));
+
 /* dst[2i] = act(t0[i] + bias), dst[2i+1] = act(t1[i] + bias): one output row
  * of the 2x2 transposed conv from its two column phases. */
 MS_SIMD_DECLARE(void, conv_bias_act_interleave,
@@ -39,6 +45,12 @@ static inline void conv_bias_act_row(float *dst /* (n) */, const float *src /* (
                                      float bias, ms_act act)
 {
     MS_SIMD_CALL(conv_bias_act_row, dst, src, n, bias, act);
+}
+
+static inline void conv_acc_bias_act_row(float *dst /* (n) */, const float *src /* (n) */,
+                                         int n, float bias, ms_act act, bool last)
+{
+    MS_SIMD_CALL(conv_acc_bias_act_row, dst, src, n, bias, act, last);
 }
 
 static inline void conv_bias_act_interleave(float *dst /* (2n) */, const float *t0 /* (n) */,
