@@ -293,7 +293,8 @@ static wino_plan wino_plan_make(int ci, int h, int wd, int co, int threads, size
         p.chunks = (ci + p.kc - 1) / p.kc;
     }
     int th = wino_tiles(h), tw = wino_tiles(wd);
-    size_t fixed = wino_fixed_floats(p.kc, co, wd, threads), one = wino_band_floats(p.kc, co, tw, 1);
+    size_t fixed = wino_fixed_floats(p.kc, co, wd, threads);
+    size_t one = wino_band_floats(p.kc, co, tw, 1);
     size_t row = (size_t)36 * (p.kc + co) * tw;
     if (ws_floats < fixed + one) return p;
     size_t fit = (ws_floats - fixed - one) / row + 1;

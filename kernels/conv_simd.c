@@ -207,6 +207,7 @@ void MS_SIMD_FN(wino43_weights_row)(float *u /* (36, kst) */, size_t kst,
         }
 #undef WINO_G_ROW
         /* each U_k row a contiguous run (36 rows kst apart) */
-        for (int k = 0; k < 36; k++) memcpy(u + (size_t)k * kst + c0, r[k], (size_t)nc * sizeof(float));
+        for (int k = 0; k < 36; k++)
+            memcpy(u + (size_t)k * kst + c0, r[k], (size_t)nc * sizeof(float));
     }
 }

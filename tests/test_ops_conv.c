@@ -221,9 +221,10 @@ END_TEST
 
 /* The Winograd F(4x4, 3x3) path on its own at every size (conv2d_cpu takes
  * it only from 32 channels and 12 tiles up): heights and widths of every
- * residue mod 4 (a last tile with one, two or three rows or columns), channel counts that are not multiples of 8,
- * bias on and off, every activation; workspaces from the sized one down to
- * the transformed weights and one tile row (a band per tile row), then
+ * residue mod 4 (a last tile with one, two or three rows or columns),
+ * channel counts that are not multiples of 8, bias on and off, every
+ * activation; workspaces from the sized one down to the transformed weights
+ * and one tile row (a band per tile row), then
  * below that (the im2col fall-back); 1 and 2 threads; every CPU path. */
 static void wino_case(int ci, int h, int wd, int co, bool bias, ms_act act, uint32_t seed)
 {
