@@ -4,8 +4,8 @@
  * writes the output while the GEMM's result is still in cache (BatchNorm is
  * folded into weight and bias at load, app/engine.c).
  * - 1x1 stride 1 unpadded: a GEMM on the input itself, in column chunks.
- * - 3x3 stride-1 pad-1 convs of 32+ channels on maps of 32x32 or more (the
- *   ConvModules of neck and head): Winograd F(2x2, 3x3), below.
+ * - 3x3 stride-1 pad-1 convs of 32+ channels on maps of 12 4x4 tiles or
+ *   more (the ConvModules of neck and head): Winograd F(4x4, 3x3), below.
  * - other stride-1 convs (small maps, narrow convs): implicit
  *   GEMM. The band's input rows are copied once, zero-padded, with row
  *   length wp = w + 2 pad; kernel tap (ky, kx) is then a GEMM whose B is that
@@ -206,200 +206,203 @@ static void conv2d_implicit(float *out /* (co, ho, wo) */, const float *in /* (c
     }
 }
 
-/* ---------- Winograd F(2x2, 3x3) (3x3, stride 1, pad 1) ----------
+/* ---------- Winograd F(4x4, 3x3) (3x3, stride 1, pad 1) ----------
  *
- * Lavin & Gray's minimal filtering: output tile (2x2) t = A^T [(G g G^T) .*
- * (B^T d B)] A over a 4x4 input tile d that starts one row and column above
+ * Lavin & Gray's minimal filtering: output tile (4x4) t = A^T [(G g G^T) .*
+ * (B^T d B)] A over a 6x6 input tile d that starts one row and column above
  * it (the pad). Per band of tile rows, the input tiles are transformed into
- * V (16, ci, tiles), the 16 element-wise products become 16 GEMMs M_k (co,
+ * V (36, ci, tiles), the 36 element-wise products become 36 GEMMs M_k (co,
  * tiles) = U_k (co, ci) @ V_k (ci, tiles), and the output pass applies A^T
- * m A, the bias and the activation. 16 GEMMs of ci*co*tiles multiply-adds
- * replace the implicit GEMM's 9 of ci*co*4*tiles: 2.25x fewer, for a little
- * more rounding (the transforms' sums; still within the float tolerances of
- * tests/test_ops_conv.c and the goldens). Convs under 32 channels or 256
- * tiles (about 32x32 pixels) keep the implicit GEMM: measured slower in
- * Winograd, whose GEMMs are then too small for the transforms' cost. */
+ * m A, the bias and the activation (transforms: conv_simd.c). 36 GEMMs of
+ * ci*co*tiles multiply-adds replace the implicit GEMM's 9 of ci*co*16*tiles:
+ * 4x fewer (F(2x2, 3x3), used before, saved 2.25x), for more rounding in the
+ * transforms' sums (the coefficients up to 8 of A^T and 1/24 of G): within
+ * the float tolerances of tests/test_ops_conv.c and the goldens; measured on
+ * CamVid in the README. Convs under 32 channels or 12 tiles keep the
+ * implicit GEMM: measured (2 threads) Winograd was 1.8-2.5x faster from 12
+ * tiles up (11x15 to 23x30 maps, 128-704 channels: the PPM bottleneck and
+ * the coarse FPN levels) and as fast or slower at 4 tiles. */
 #ifndef WINO_MIN_CH
 #define WINO_MIN_CH 32
 #endif
 #ifndef WINO_MIN_TILES
-#define WINO_MIN_TILES 256
+#define WINO_MIN_TILES 12
 #endif
-/* floats between consecutive V_k (and M_k): at power-of-two sizes the 16
+/* floats between consecutive V_k (and M_k): at power-of-two sizes the 36
  * streams the transforms write and read would otherwise share cache sets */
 #define WINO_SKEW 16
+/* V and M of a band in about this many floats (at least one tile row): the
+ * larger the band, the more tiles each GEMM's packed U_k serves (bands of
+ * one tile row, 30 tiles at a 480-wide level, ran UPerHead's 512-channel
+ * fusion conv about 20 % slower); 4 MB keeps the scratch near what F(2x2,
+ * 3x3) used. */
 #ifndef WINO_BAND_FLOATS
-#define WINO_BAND_FLOATS ((size_t)1 << 18)
+#define WINO_BAND_FLOATS ((size_t)1 << 20)
 #endif
+/* At most this many floats of transformed weights at a time: wider convs
+ * take their input channels in chunks whose GEMMs accumulate into M (the
+ * 512-channel fusion conv of UPerHead would otherwise hold 9.4 MB of U). */
+#ifndef WINO_U_FLOATS
+#define WINO_U_FLOATS ((size_t)1 << 20)
+#endif
+
+static int wino_tiles(int n) { return (n + 3) / 4; }
 
 static bool conv2d_is_wino(int ci, int h, int wd, int co, int kh, int kw, int stride, int pad)
 {
     return kh == 3 && kw == 3 && stride == 1 && pad == 1 && ci >= WINO_MIN_CH &&
-           co >= WINO_MIN_CH && (long long)((h + 1) / 2) * ((wd + 1) / 2) >= WINO_MIN_TILES;
+           co >= WINO_MIN_CH && (long long)wino_tiles(h) * wino_tiles(wd) >= WINO_MIN_TILES;
 }
 
-/* Per tile row of tw tiles: V and M (16 (ci + co) tw); fixed: four padded
- * input rows (wp = 2 tw + 2) and two output rows (2 * 2 tw). */
-static void wino_costs(size_t *per_row, size_t *fixed, int ci, int co, int tw)
+/* The whole team works one band at a time (transforms split by channel, the
+ * 36 GEMMs by k), so V and M exist once. Scratch: the transformed weights of
+ * one chunk of kc input channels (36 co kc), a zero row, per thread the
+ * vertical transform of six rows (6 wp, wp = 4 tw + 2) and four output rows
+ * (16 tw), then V and M of the band (36 (kc + co) nt, plus skews). Chunks
+ * run one after another over all bands, each adding to the output. */
+typedef struct {
+    int rows, bands, threads; /* tile rows per band (the last may have fewer) */
+    int kc, chunks;           /* input channels per chunk (the last may have fewer) */
+} wino_plan;
+
+static size_t wino_thread_floats(int tw)
 {
-    *per_row = round16((size_t)16 * (ci + co) * tw);
-    *fixed = round16((size_t)4 * (2 * tw + 2)) + round16((size_t)4 * tw) + 2 * 16 * WINO_SKEW +
-             32;
+    return round16((size_t)6 * (4 * tw + 2)) + round16((size_t)16 * tw);
 }
 
-static size_t wino_weight_floats(int ci, int co) { return round16((size_t)16 * co * ci); }
-
-static band_plan wino_plan(int ci, int h, int wd, int co, int threads, size_t avail)
+static size_t wino_band_floats(int kc, int co, int tw, int rows)
 {
-    int th = (h + 1) / 2, tw = (wd + 1) / 2;
-    size_t per_row, fixed;
-    wino_costs(&per_row, &fixed, ci, co, tw);
-    /* bands whose V and M fit in about WINO_BAND_FLOATS (L2): band_plan_make
-     * takes rows = CONV_BAND_COLS / row_cols */
-    size_t tiles = WINO_BAND_FLOATS / (16 * (size_t)(ci + co));
-    size_t row_cols = (size_t)tw * CONV_BAND_COLS / (tiles > 0 ? tiles : 1);
-    return band_plan_make(th, row_cols < INT_MAX ? (int)row_cols : INT_MAX, per_row, fixed,
-                          threads, avail);
+    return round16((size_t)36 * (kc + co) * tw * rows + 2 * 36 * WINO_SKEW);
 }
 
-/* U_k (k = 4 i + j) = (G g G^T)[i][j] for every (o, c), G = [1 0 0; 1/2 1/2
- * 1/2; 1/2 -1/2 1/2; 0 0 1]. */
-static void wino_weights(float *u /* (16, co, ci) */, const float *w /* (co, ci, 3, 3) */,
-                         int ci, int co, int o)
+static size_t wino_fixed_floats(int kc, int co, int wd, int threads)
 {
-    for (int c = 0; c < ci; c++) {
-        const float *g = w + ((size_t)o * ci + c) * 9;
-        float t[4][3]; /* G g */
-        for (int j = 0; j < 3; j++) {
-            t[0][j] = g[j];
-            t[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
-            t[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
-            t[3][j] = g[6 + j];
+    return round16((size_t)36 * co * kc) + round16((size_t)wd) +
+           (size_t)threads * wino_thread_floats(wino_tiles(wd));
+}
+
+/* rows = 0: ws_floats holds not even one tile row */
+static wino_plan wino_plan_make(int ci, int h, int wd, int co, int threads, size_t ws_floats)
+{
+    wino_plan p = {0, 0, threads, ci, 1};
+    size_t u = (size_t)36 * co * ci;
+    if (u > WINO_U_FLOATS) {
+        p.chunks = (int)((u + WINO_U_FLOATS - 1) / WINO_U_FLOATS);
+        if (p.chunks > ci) p.chunks = ci;
+        p.kc = (ci + p.chunks - 1) / p.chunks;
+        p.chunks = (ci + p.kc - 1) / p.kc;
+    }
+    int th = wino_tiles(h), tw = wino_tiles(wd);
+    size_t fixed = wino_fixed_floats(p.kc, co, wd, threads);
+    size_t one = wino_band_floats(p.kc, co, tw, 1);
+    size_t row = (size_t)36 * (p.kc + co) * tw;
+    if (ws_floats < fixed + one) return p;
+    size_t fit = (ws_floats - fixed - one) / row + 1;
+    size_t want = WINO_BAND_FLOATS / row > 1 ? WINO_BAND_FLOATS / row : 1;
+    int rows = (int)(fit < want ? fit : want);
+    if (rows > th) rows = th;
+    p.bands = (th + rows - 1) / rows;
+    p.rows = (th + p.bands - 1) / p.bands; /* as even as the band count allows */
+    return p;
+}
+
+/* V[:, c, :] for one input channel's tile rows [ty0, ty0+trows) (k stride
+ * kst): the six input rows of each tile row read in place (zero outside the
+ * image), their vertical transform into t. */
+static void wino_input_channel(float *v /* (36, kst): channel c's (trows, tw) */, size_t kst,
+                               float *t /* (6, wp) */, const float *plane /* (h, wd) */,
+                               const float *zero /* (wd) */, int h, int wd, int ty0, int trows)
+{
+    const int tw = wino_tiles(wd);
+    for (int r = 0; r < trows; r++) {
+        const float *d[6];
+        for (int i = 0; i < 6; i++) {
+            int iy = 4 * (ty0 + r) - 1 + i;
+            d[i] = iy >= 0 && iy < h ? plane + (size_t)iy * wd : zero;
         }
-        for (int i = 0; i < 4; i++) {
-            float v[4] = {t[i][0], 0.5f * (t[i][0] + t[i][1] + t[i][2]),
-                          0.5f * (t[i][0] - t[i][1] + t[i][2]), t[i][2]};
-            for (int j = 0; j < 4; j++) u[((size_t)(4 * i + j) * co + o) * ci + c] = v[j];
+        wino43_input_row(v + (size_t)r * tw, kst, d, t, wd, tw);
+    }
+}
+
+/* Output rows of one output channel's tile rows [ty0, ty0+trows) from M; a
+ * last tile reaching past the image drops its extra rows and columns. The
+ * chunks of input channels add up after the (linear) output transform:
+ * the first chunk writes, later ones add, the last one adds the bias and
+ * applies the activation. */
+static void wino_output_channel(float *out /* (h, wd) */, const float *m /* (36, kst) */,
+                                size_t kst, float *tmp /* (4, 4 tw) */, float bias, int h,
+                                int wd, ms_act act, int ty0, int trows, bool first, bool last)
+{
+    const int tw = wino_tiles(wd);
+    for (int r = 0; r < trows; r++) {
+        wino43_output_row(tmp, m + (size_t)r * tw, kst, tw);
+        for (int i = 0, y = 4 * (ty0 + r); i < 4 && y < h; i++, y++) {
+            float *o = out + (size_t)y * wd;
+            const float *src = tmp + (size_t)i * 4 * tw;
+            if (first && last) conv_bias_act_row(o, src, wd, bias, act);
+            else if (first) memcpy(o, src, (size_t)wd * sizeof(float));
+            else conv_acc_bias_act_row(o, src, wd, bias, last ? act : MS_ACT_NONE, last);
         }
     }
 }
 
-/* V for tile rows [ty0, ty0+trows) (k stride ci nt + WINO_SKEW): B^T d B
- * with B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]; d's rows come from
- * rows, four padded copies of input rows (zeros outside the image). */
-static void wino_input(float *v /* (16, ci, nt) skewed */, float *rows /* (4, wp) */,
-                       const float *in /* (ci, h, wd) */, int ci, int h, int wd, int ty0,
-                       int trows)
+/* U_k of input channels [c0, c0+nc): u (36, co, nc), k stride co nc */
+static void wino_weights(float *u, const float *w /* (co, ci, 3, 3) */, int ci, int co, int c0,
+                         int nc)
 {
-    const int tw = (wd + 1) / 2, wp = 2 * tw + 2;
-    const size_t nt = (size_t)trows * tw, kst = (size_t)ci * nt + WINO_SKEW;
-    for (int c = 0; c < ci; c++) {
-        const float *plane = in + (size_t)c * h * wd;
-        for (int r = 0; r < trows; r++) {
-            for (int i = 0; i < 4; i++) {
-                float *d = rows + (size_t)i * wp;
-                int iy = 2 * (ty0 + r) - 1 + i;
-                memset(d, 0, (size_t)wp * sizeof(float));
-                if (iy >= 0 && iy < h)
-                    memcpy(d + 1, plane + (size_t)iy * wd, (size_t)wd * sizeof(float));
-            }
-            const float *d0 = rows, *d1 = rows + wp, *d2 = rows + 2 * wp, *d3 = rows + 3 * wp;
-            float *vt = v + (size_t)c * nt + (size_t)r * tw;
-#pragma omp simd
-            for (int x = 0; x < tw; x++) {
-                const int j = 2 * x;
-                /* columns: B^T along y first (rows t0..t3), then along x */
-                float t[4][4];
-                for (int q = 0; q < 4; q++) {
-                    t[0][q] = d0[j + q] - d2[j + q];
-                    t[1][q] = d1[j + q] + d2[j + q];
-                    t[2][q] = d2[j + q] - d1[j + q];
-                    t[3][q] = d1[j + q] - d3[j + q];
-                }
-                for (int p = 0; p < 4; p++) {
-                    vt[(size_t)(4 * p + 0) * kst + x] = t[p][0] - t[p][2];
-                    vt[(size_t)(4 * p + 1) * kst + x] = t[p][1] + t[p][2];
-                    vt[(size_t)(4 * p + 2) * kst + x] = t[p][2] - t[p][1];
-                    vt[(size_t)(4 * p + 3) * kst + x] = t[p][1] - t[p][3];
-                }
-            }
-        }
-    }
-}
-
-/* Output rows of tile rows [ty0, ty0+trows) from M: A^T m A with A^T = [1 1 1
- * 0; 0 1 -1 -1], then bias and activation; an odd last row or column of
- * the output drops the tile's second one. */
-static void wino_output(float *out /* (co, h, wd) */, const float *m /* (16, co, nt) skewed */,
-                        float *tmp /* (2, 2 tw) */, const float *b, int co, int h, int wd,
-                        ms_act act, int ty0, int trows)
-{
-    const int tw = (wd + 1) / 2;
-    const size_t nt = (size_t)trows * tw, kst = (size_t)co * nt + WINO_SKEW;
+#pragma omp for schedule(static)
     for (int o = 0; o < co; o++)
-        for (int r = 0; r < trows; r++) {
-            const float *mt = m + (size_t)o * nt + (size_t)r * tw;
-            float *y0 = tmp, *y1 = tmp + 2 * tw;
-#pragma omp simd
-            for (int x = 0; x < tw; x++) {
-                float s[4][2]; /* A^T m, rows p of m first */
-                for (int p = 0; p < 4; p++) {
-                    const float *mp = mt + (size_t)(4 * p) * kst;
-                    float a = mp[x], bb = mp[kst + x], c = mp[2 * kst + x], d = mp[3 * kst + x];
-                    s[p][0] = a + bb + c;
-                    s[p][1] = bb - c - d;
-                }
-                y0[2 * x] = s[0][0] + s[1][0] + s[2][0];
-                y0[2 * x + 1] = s[0][1] + s[1][1] + s[2][1];
-                y1[2 * x] = s[1][0] - s[2][0] - s[3][0];
-                y1[2 * x + 1] = s[1][1] - s[2][1] - s[3][1];
-            }
-            int y = 2 * (ty0 + r);
-            float *orow = out + ((size_t)o * h + y) * wd;
-            float bias = b ? b[o] : 0.0f;
-            conv_bias_act_row(orow, y0, wd, bias, act);
-            if (y + 1 < h) conv_bias_act_row(orow + wd, y1, wd, bias, act);
-        }
+        wino43_weights_row(u + (size_t)o * nc, (size_t)co * nc, w + ((size_t)o * ci + c0) * 9,
+                           nc);
 }
 
 static void conv2d_wino(float *out /* (co, h, wd) */, const float *in /* (ci, h, wd) */,
                         const float *w /* (co, ci, 3, 3) */, const float *b, int ci, int h,
-                        int wd, int co, ms_act act, float *ws /* (ws_floats) */, band_plan p)
+                        int wd, int co, ms_act act, float *ws /* (ws_floats) */, wino_plan p)
 {
-    const int th = (h + 1) / 2, tw = (wd + 1) / 2, wp = 2 * tw + 2;
-    float *u = ws; /* (16, co, ci) */
-    float *slices = ws + wino_weight_floats(ci, co);
+    const int th = wino_tiles(h), tw = wino_tiles(wd);
+    const size_t plane = (size_t)h * wd;
+    float *u = ws;                                       /* (36, co, kc) */
+    float *zero = u + round16((size_t)36 * co * p.kc); /* (wd) */
+    float *threads = zero + round16((size_t)wd);
+    float *v = threads + (size_t)p.threads * wino_thread_floats(tw); /* (36, kc, nt) */
+    memset(zero, 0, (size_t)wd * sizeof(float));
 #pragma omp parallel num_threads(p.threads) if (p.threads > 1)
     {
+        float *t = threads + (size_t)conv_thread_id() * wino_thread_floats(tw); /* (6, wp) */
+        float *tmp = t + round16((size_t)6 * (4 * tw + 2));                      /* (4, 4 tw) */
+        for (int ch = 0; ch < p.chunks; ch++) {
+            int c0 = ch * p.kc, nc = ci - c0 < p.kc ? ci - c0 : p.kc;
+            wino_weights(u, w, ci, co, c0, nc);
+            for (int bi = 0; bi < p.bands; bi++) {
+                int ty0 = bi * p.rows, trows = th - ty0 < p.rows ? th - ty0 : p.rows;
+                int nt = trows * tw;
+                size_t kv = (size_t)nc * nt + WINO_SKEW, km = (size_t)co * nt + WINO_SKEW;
+                float *m = v + 36 * ((size_t)p.kc * nt + WINO_SKEW); /* (36, co, nt) */
 #pragma omp for schedule(static)
-        for (int o = 0; o < co; o++) wino_weights(u, w, ci, co, o);
-        float *rows = slices + (size_t)conv_thread_id() * p.slice; /* (4, wp) */
-        float *tmp = rows + round16((size_t)4 * wp);                /* (2, 2 tw) */
-        float *v = tmp + round16((size_t)4 * tw); /* (16, ci, nt), k stride kv */
+                for (int c = 0; c < nc; c++)
+                    wino_input_channel(v + (size_t)c * nt, kv, t, in + (c0 + c) * plane, zero, h,
+                                       wd, ty0, trows);
 #pragma omp for schedule(static)
-        for (int bi = 0; bi < p.bands; bi++) {
-            int ty0 = band_start(&p, th, bi), trows = band_rows(&p, th, bi);
-            int nt = trows * tw;
-            size_t kv = (size_t)ci * nt + WINO_SKEW, km = (size_t)co * nt + WINO_SKEW;
-            float *m = v + 16 * kv; /* (16, co, nt), k stride km */
-            wino_input(v, rows, in, ci, h, wd, ty0, trows);
-            for (int k = 0; k < 16; k++)
-                /* M_k (co, nt) = U_k (co, ci) @ V_k (ci, nt) */
-                gemm_cpu(m + k * km, u + (size_t)k * co * ci, v + k * kv, co, nt, ci, false,
-                         false, ci, nt, nt, 1.0f, 0.0f);
-            wino_output(out, m, tmp, b, co, h, wd, act, ty0, trows);
+                for (int k = 0; k < 36; k++)
+                    /* M_k (co, nt) = U_k (co, nc) @ V_k (nc, nt) */
+                    gemm_cpu(m + k * km, u + (size_t)k * co * nc, v + k * kv, co, nt, nc, false,
+                             false, nc, nt, nt, 1.0f, 0.0f);
+#pragma omp for schedule(static)
+                for (int o = 0; o < co; o++)
+                    wino_output_channel(out + o * plane, m + (size_t)o * nt, km, tmp,
+                                        b ? b[o] : 0.0f, h, wd, act, ty0, trows, ch == 0,
+                                        ch == p.chunks - 1);
+            }
         }
     }
 }
 
 size_t conv2d_winograd_scratch_floats(int ci, int h, int wd, int co)
 {
-    size_t per_row, fixed;
-    wino_costs(&per_row, &fixed, ci, co, (wd + 1) / 2);
-    size_t avail = MS_CONV_SCRATCH_FLOATS > per_row + fixed ? MS_CONV_SCRATCH_FLOATS
-                                                            : per_row + fixed;
-    band_plan p = wino_plan(ci, h, wd, co, conv_threads(), avail);
-    return wino_weight_floats(ci, co) + (size_t)p.threads * p.slice;
+    int threads = conv_threads(), tw = wino_tiles(wd);
+    wino_plan p = wino_plan_make(ci, h, wd, co, threads, (size_t)-1 / 2);
+    return wino_fixed_floats(p.kc, co, wd, threads) + wino_band_floats(p.kc, co, tw, p.rows);
 }
 
 /* false (nothing written) if ws holds less than the weights and one band */
@@ -407,10 +410,8 @@ static bool conv2d_winograd_try(float *out, const float *in, const float *w, con
                                 int ci, int h, int wd, int co, ms_act act, float *ws,
                                 size_t ws_floats)
 {
-    size_t wf = wino_weight_floats(ci, co);
-    if (ws_floats <= wf) return false;
-    band_plan p = wino_plan(ci, h, wd, co, conv_threads(), ws_floats - wf);
-    if (p.threads < 1) return false;
+    wino_plan p = wino_plan_make(ci, h, wd, co, conv_threads(), ws_floats);
+    if (p.rows < 1) return false;
     conv2d_wino(out, in, w, b, ci, h, wd, co, act, ws, p);
     return true;
 }

@@ -30,7 +30,7 @@ size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int 
 /* ws holds ws_floats floats: what conv2d_scratch_floats returned, or at
  * least one output row's im2col columns (ci*kh*kw*wo); none for a 1x1
  * stride-1 unpadded conv. 3x3 stride-1 pad-1 convs of 32+ channels in and
- * out on maps of 32x32 or more run as Winograd F(2x2, 3x3), other stride-1 convs as an
+ * out on maps of 12 4x4 tiles or more run as Winograd F(4x4, 3x3), other stride-1 convs as an
  * implicit GEMM, when ws holds the path's transformed weights and one band
  * (the sized amount always does); else (falling back Winograd, implicit
  * GEMM), and at other strides, as conv2d_im2col_cpu. */
@@ -46,11 +46,13 @@ void conv2d_im2col_cpu(float *out /* (co, ho, wo) */, const float *in /* (ci, h,
                        int ci, int h, int wd, int co, int kh, int kw, int stride, int pad,
                        ms_act act, float *ws /* (ws_floats) */, size_t ws_floats);
 
-/* The Winograd F(2x2, 3x3) path on its own, for any 3x3 stride-1 pad-1 conv
- * (conv2d_cpu takes it from 32 channels and 256 2x2 tiles up; tests run it
+/* The Winograd F(4x4, 3x3) path on its own, for any 3x3 stride-1 pad-1 conv
+ * (conv2d_cpu takes it from 32 channels and 12 4x4 tiles up; tests run it
  * at every size): its sized scratch, and the conv; given less than its
- * transformed weights and one band of one tile row (16 (ci + co) ceil(w/2)
- * floats and a little), it runs conv2d_im2col_cpu in ws instead. */
+ * transformed weights (36 co kc floats, kc = ci, or for 36 co ci over 2^20 ci
+ * split evenly into the fewest chunks under that) and one band of one tile
+ * row (36 (kc + co) ceil(w/4) floats and a little), it runs
+ * conv2d_im2col_cpu in ws instead. */
 size_t conv2d_winograd_scratch_floats(int ci, int h, int wd, int co);
 void conv2d_winograd_cpu(float *out /* (co, h, wd) */, const float *in /* (ci, h, wd) */,
                          const float *w /* (co, ci, 3, 3) */, const float *b /* (co) or NULL */,

@@ -1,6 +1,6 @@
 /* The CPU convolution paths (kernels/conv.c, kernels/conv_simd.c) against a
  * plain direct convolution written here (double accumulation): the 1x1
- * GEMM-in-chunks path, the stride-1 implicit GEMM, Winograd F(2x2, 3x3)
+ * GEMM-in-chunks path, the stride-1 implicit GEMM, Winograd F(4x4, 3x3)
  * (also run directly at every size), the im2col path (also run
  * directly on stride-1 convs), their fused bias/activation output passes,
  * and the 2x2 transposed conv. Odd sizes (h, w in 1, 2, 7, 33; channel
@@ -219,11 +219,12 @@ START_TEST(test_conv2d_nested)
 }
 END_TEST
 
-/* The Winograd F(2x2, 3x3) path on its own at every size (conv2d_cpu takes
- * it only from 32 channels and 256 tiles up): odd heights and widths (a last
- * tile with one row or column), channel counts that are not multiples of 8,
- * bias on and off, every activation; workspaces from the sized one down to
- * the transformed weights and one tile row (a band per tile row), then
+/* The Winograd F(4x4, 3x3) path on its own at every size (conv2d_cpu takes
+ * it only from 32 channels and 12 tiles up): heights and widths of every
+ * residue mod 4 (a last tile with one, two or three rows or columns),
+ * channel counts that are not multiples of 8, bias on and off, every
+ * activation; workspaces from the sized one down to the transformed weights
+ * and one tile row (a band per tile row), then
  * below that (the im2col fall-back); 1 and 2 threads; every CPU path. */
 static void wino_case(int ci, int h, int wd, int co, bool bias, ms_act act, uint32_t seed)
 {
@@ -236,13 +237,20 @@ static void wino_case(int ci, int h, int wd, int co, bool bias, ms_act act, uint
     char what[160];
     snprintf(what, sizeof what, "winograd ci %d %dx%d co %d bias %d act %d path %s threads %d",
              ci, h, wd, co, bias, act, cpu_path_name(cpu_path_get()), max_threads());
-    /* the header's sizes: 16 ci co transformed weights, 16 (ci + co) tw
-     * floats a tile row plus a little, one im2col row for the fall-back */
+    /* the header's sizes: 36 kc co transformed weights, 36 (kc + co) tw
+     * floats a tile row plus row buffers and a zero row (under 100 tw + 1300
+     * at 2 threads), one
+     * im2col row for the fall-back */
     size_t full = conv2d_winograd_scratch_floats(ci, h, wd, co);
-    size_t wf = (size_t)16 * ci * co, one = (size_t)16 * (ci + co) * ((wd + 1) / 2) + 256;
+    size_t tw = (size_t)(wd + 3) / 4, kc = (size_t)ci;
+    if ((size_t)36 * co * ci > ((size_t)1 << 20)) { /* chunks of at most 2^20 floats of U */
+        size_t chunks = ((size_t)36 * co * ci + ((size_t)1 << 20) - 1) >> 20;
+        kc = (ci + chunks - 1) / chunks;
+    }
+    size_t wf = (size_t)36 * kc * co, one = (size_t)36 * (kc + co) * tw + 100 * tw + 1300;
     size_t sizes[] = {full, wf + (full - wf) / 2, wf + 2 * one + 64, wf + one + 64,
                       (size_t)ci * 9 * wd};
-    ck_assert_uint_ge(full, wf + one - 256);
+    ck_assert_uint_ge(full, wf + one - 100 * tw - 1300);
     for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
         size_t n = sizes[z] < full ? sizes[z] : full;
         float *ws = ws_alloc(n);
@@ -258,7 +266,7 @@ START_TEST(test_conv2d_winograd)
 {
     ms_cpu_path start = cpu_path_get();
     int start_threads = max_threads(), cases = 0;
-    static const int hw[][2] = {{1, 1}, {2, 2}, {3, 5}, {5, 3}, {1, 33}, {33, 2}, {33, 33}};
+    static const int hw[][2] = {{1, 1}, {2, 2}, {3, 5}, {5, 3}, {1, 33}, {33, 2}, {33, 33}, {34, 31}, {6, 12}};
     static const int cico[][2] = {{16, 16}, {17, 33}, {33, 17}, {65, 64}};
     for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
@@ -272,13 +280,16 @@ START_TEST(test_conv2d_winograd)
                                   (uint32_t)(5000 + 17 * s + 3 * c + act));
                         cases++;
                     }
+            /* input channels in two chunks (U of 36 co ci floats over 2^20) */
+            for (int act = 0; act < 3; act++)
+                wino_case(200, 9, 10, 160, act != 1, (ms_act)act, (uint32_t)(5800 + act));
             /* through conv2d_cpu, which takes Winograd here (and the
              * implicit GEMM below 32 channels) */
             conv_case(33, 33, 33, 32, 3, 1, 1, true, MS_ACT_RELU, 5900);
             conv_case(32, 40, 31, 31, 3, 1, 1, false, MS_ACT_GELU, 5910);
         }
     }
-    ck_assert_int_ge(cases, 168);
+    ck_assert_int_ge(cases, 216);
     set_threads(start_threads);
     ck_assert_int_eq(cpu_path_set(start), MS_OK);
 }
