@@ -1,21 +1,22 @@
 /* MiTA attention on the CPU (spec section 2), in one parallel region with
- * one barrier. Each thread first pools all landmarks into a copy of its own
- * (a few microseconds at N ~ 1000: cheaper than a barrier, which a busy
- * 2-core machine can stretch to a time slice). Phase 1, items taken
- * dynamically: (head, group of experts): probe P = L K^T for the group's
- * rows, per row the top-k by bisection on order-preserving keys, exp(P s)
- * and the shared summaries Sv = softmax(P s) V; (head, block of queries):
- * routing logits R = Q L^T and routes. Barrier. Phase 2: the queries,
- * counting-sorted by head and routed expert, in one equal share per
- * thread; each expert's k keys and values are gathered once into
+ * one barrier (each region start and barrier costs wake-ups, and a busy
+ * 2-core machine can stretch one to a time slice). Each thread first pools
+ * all landmarks into a copy of its own (tens of microseconds at N ~ 1000,
+ * a few percent of the layer). Phase 1, items taken dynamically: (head,
+ * group of experts): probe P = L K^T for the group's rows, per row the
+ * top-k by a search on order-preserving keys, 2^(P s log2(e) - max) and
+ * the shared summaries Sv = softmax(P s) V; (head, block of queries):
+ * routing logits R = Q L^T and routes. Barrier. Phase 2: each head's
+ * queries, counting-sorted by routed expert, in fixed chunks taken
+ * dynamically; each expert's k keys and values are gathered once into
  * contiguous rows, so that for a block of its queries the routed logits
  * are one GEMM (nq x k), and the joint softmax's output one more: the
- * weights [shared | routed] (nq x (M + k)), each partial softmax scaled by
- * its log-sum-exp merge factor, times [Sv ; V_e] ((M + k) x d). GEMMs
- * accumulate in float like PyTorch's, so the top-k sets agree with a
- * float32 reference except at (near-)ties; P and R do not depend on the
- * thread count (fixed items), the outputs may by an ulp (the routed GEMMs'
- * blocks follow the thread shares). */
+ * weights 2^(logit - row max) over [shared | routed] (nq x (M + k), one
+ * softmax, in base 2) times [Sv ; V_e] ((M + k) x d), divided by the row's
+ * sum as it is scattered out. GEMMs accumulate in float like PyTorch's, so
+ * the top-k sets agree with a float32 reference except at (near-)ties.
+ * Every item is fixed whatever the thread count, so the results are
+ * bit-identical across thread counts. */
 #include "mita.h"
 
 #include <cblas.h>
@@ -65,7 +66,7 @@ typedef struct {
     float *sv;      /* (heads, m, d) shared summaries */
     int32_t *idx;   /* (heads, m, k) routed sets, best first */
     int32_t *route; /* (heads, n) expert of each query */
-    float *thread;  /* (chunks, thread_floats) per-thread landmarks, sort and work buffers */
+    float *thread;  /* (chunks, thread_layout bytes) landmarks, sort and work buffers */
 } mita_ws;
 
 /* One thread's share of the workspace. */
@@ -265,8 +266,8 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp
     }
 }
 
-/* Experts [e0, e1) of head h: probe rows P = L K^T, per
- * row the routed set, then exp(P s - max) and the shared summaries
+/* Experts [e0, e1) of head h: probe rows P = L K^T, per row the routed
+ * set, then exp(P s - max) (as a power of 2) and the shared summaries
  * Sv = softmax_n(P s) V. */
 static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
                          const float *land /* (m, c) */, int n, int ncls, int c, int d, int h,
@@ -334,8 +335,9 @@ static void mita_sort_queries(const mita_thread *th, const int32_t *route /* (n)
 
 /* Sorted queries order[p0, p1) of head h (th: that head's counting sort),
  * expert by expert in blocks of up to QB: gather the expert's keys and
- * values once; logits = Q K^T s by one GEMM beside the block's rows of R;
- * joint softmax weights; out = weights [Sv ; V_e] by one more; record. */
+ * values once; logits = Q K^T s / s_sh by one GEMM beside the block's
+ * rows of R (the same units); joint softmax weights; out = weights
+ * [Sv ; V_e] by one more, divided by the sums as it is scattered; record. */
 static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
                         const mita_ws *w, const mita_thread *th, int n, int ncls, int c, int d,
                         int h, int m, int k, float s_shared, const ms_mita_record *rec, int p0,
