@@ -83,43 +83,11 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
     }
 }
 
-/* Per row: the max, 2^(logit * scale - max) and the sum in two uniform
- * passes over all m + k (the routed logits come scaled to the shared
- * ones' units), then the shared part's sum when asked. exp2_clamped
- * (simd_math.h) is exact enough and inlined (libmvec's expf was a third of
- * this); a NaN or infinite logit, which it would clamp, makes the row's
- * sum NaN, as expf would (z: the sum of logit * 0). */
-void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
-                                    float scale)
-{
-    int mk = m + k;
-    for (int r = 0; r < nb; r++) {
-        float *row = lg + (size_t)r * mk;
-        float mx = row[0], l = 0.0f, z = 0.0f;
-#pragma omp simd reduction(max : mx)
-        for (int i = 1; i < mk; i++) mx = row[i] > mx ? row[i] : mx;
-        mx *= scale;
-#pragma omp simd reduction(+ : l, z)
-        for (int i = 0; i < mk; i++) {
-            float x = exp2_clamped(row[i] * scale - mx);
-            z += row[i] * 0.0f;
-            row[i] = x;
-            l += x;
-        }
-        inv[r] = z == 0.0f ? 1.0f / l : NAN;
-        if (mass) {
-            float l_a = 0.0f;
-#pragma omp simd reduction(+ : l_a)
-            for (int i = 0; i < m; i++) l_a += row[i];
-            mass[r] = l_a * inv[r];
-        }
-    }
-}
-
-/* exp2_clamped inlined (libmvec's expf is called per vector); the sum is
- * NaN where x holds a NaN or an infinity, as with expf (z: the sum of
- * x * 0). */
-float MS_SIMD_FN(mita_exp2_sum)(float *x, int n, float scale, float shift)
+/* x[i] = 2^(x[i] * scale - shift); returns their sum, NaN where x holds a
+ * NaN or an infinity, as with expf (z: the sum of x * 0), which
+ * exp2_clamped (simd_math.h; inlined, where libmvec's expf is a call per
+ * vector) would clamp. */
+static inline float exp2_sum(float *x, int n, float scale, float shift)
 {
     float sum = 0.0f, z = 0.0f;
 #pragma omp simd reduction(+ : sum, z)
@@ -130,6 +98,34 @@ float MS_SIMD_FN(mita_exp2_sum)(float *x, int n, float scale, float shift)
         sum += e;
     }
     return z == 0.0f ? sum : NAN;
+}
+
+/* Per row: the max, 2^(logit * scale - max) and the sum in two uniform
+ * passes over all m + k (the routed logits come scaled to the shared
+ * ones' units), then the shared part's sum when asked. exp2_sum's inlined
+ * exp2 was worth it: libmvec's expf was a third of this. */
+void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
+                                    float scale)
+{
+    int mk = m + k;
+    for (int r = 0; r < nb; r++) {
+        float *row = lg + (size_t)r * mk;
+        float mx = row[0];
+#pragma omp simd reduction(max : mx)
+        for (int i = 1; i < mk; i++) mx = row[i] > mx ? row[i] : mx;
+        inv[r] = 1.0f / exp2_sum(row, mk, scale, mx * scale); /* NaN stays NaN */
+        if (mass) {
+            float l_a = 0.0f;
+#pragma omp simd reduction(+ : l_a)
+            for (int i = 0; i < m; i++) l_a += row[i];
+            mass[r] = l_a * inv[r];
+        }
+    }
+}
+
+float MS_SIMD_FN(mita_exp2_sum)(float *x, int n, float scale, float shift)
+{
+    return exp2_sum(x, n, scale, shift);
 }
 
 /* Kept as loops (GCC would turn them into a memcpy call per row). */
