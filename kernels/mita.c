@@ -316,8 +316,7 @@ static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */,
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, q1 - q0, m, d, 1.0f,
                 qkv + (size_t)q0 * ld + (size_t)h * d, (int)ld, land + (size_t)h * d, c, 0.0f, r,
                 m);
-    int32_t *route = w->route + (size_t)h * n;
-    for (int qi = q0; qi < q1; qi++) route[qi] = argmax_first(r + (size_t)(qi - q0) * m, m, 1);
+    mita_argmax_rows(w->route + (size_t)h * n + q0, r, q1 - q0, m);
 }
 
 /* Counting sort of head h's queries by expert (stable: ascending query

@@ -2,6 +2,11 @@
  * vectorises for the path's instruction set. */
 #include "mita_simd.h"
 
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "elementwise.h" /* argmax_first */
 #include "simd_math.h"
 
 float MS_SIMD_FN(mita_max)(const float *x, int n)
@@ -67,6 +72,54 @@ int MS_SIMD_FN(mita_count_at_least_u32)(const uint32_t *key, int n, uint32_t t)
 #pragma omp simd reduction(+ : cnt)
     for (int i = 0; i < n; i++) cnt += key[i] >= t;
     return cnt;
+}
+
+/* AVX2: per row the max by vector maxima (no compare chain: the scalar
+ * argmax's compare-select chain costs 3-4 cycles a column), then the first
+ * vector holding it by compare and movemask. Rows with a NaN take
+ * argmax_first (maxps and the chain treat NaNs differently); -0 and +0
+ * compare equal in both. The base path keeps the scalar loop. */
+void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int m)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *row = x + (size_t)r * m;
+#ifdef __AVX2__
+        int nv = m / 8;
+        if (nv >= 1) {
+            __m256 mx = _mm256_loadu_ps(row), nan = _mm256_cmp_ps(mx, mx, _CMP_UNORD_Q);
+            for (int v = 1; v < nv; v++) {
+                __m256 a = _mm256_loadu_ps(row + 8 * v);
+                mx = _mm256_max_ps(mx, a);
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+            }
+            float tail = -INFINITY;
+            int tail_nan = 0;
+            for (int i = 8 * nv; i < m; i++) {
+                tail = row[i] > tail ? row[i] : tail;
+                tail_nan |= row[i] != row[i];
+            }
+            if (!_mm256_movemask_ps(nan) && !tail_nan) {
+                __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+                h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+                h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+                float best = _mm_cvtss_f32(h);
+                best = tail > best ? tail : best;
+                __m256 bv = _mm256_set1_ps(best);
+                int at = -1;
+                for (int v = 0; v < nv && at < 0; v++) {
+                    int mask = _mm256_movemask_ps(
+                        _mm256_cmp_ps(_mm256_loadu_ps(row + 8 * v), bv, _CMP_EQ_OQ));
+                    if (mask) at = 8 * v + __builtin_ctz((unsigned)mask);
+                }
+                for (int i = 8 * nv; i < m && at < 0; i++)
+                    if (row[i] == best) at = i;
+                route[r] = at;
+                continue;
+            }
+        }
+#endif
+        route[r] = argmax_first(row, m, 1);
+    }
 }
 
 /* Branch-free: each entry's rank is one vector count over the keys (the

@@ -30,6 +30,9 @@ MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
                  int n, uint32_t t));
 /* How many key[i] >= t. */
 MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, int n, uint32_t t));
+/* route[r] = argmax_first(x + r m, m, 1): the first maximum of each row. */
+MS_SIMD_DECLARE(void, mita_argmax_rows,
+                (int32_t *route /* (rows) */, const float *x /* (rows, m) */, int rows, int m));
 /* idx[r] = pos[i], r = i's rank in descending key order, ties to the
  * lower i (pos ascending: ties to the lower position). key[n..np) must be
  * 0 (np >= n, a multiple of 8: no loop tail). O(n np): small n. */
@@ -77,6 +80,10 @@ static inline int mita_collect_at_least_u32(uint32_t *val, int32_t *pos, const u
 static inline int mita_count_at_least_u32(const uint32_t *key, int n, uint32_t t)
 {
     return MS_SIMD_CALL(mita_count_at_least_u32, key, n, t);
+}
+static inline void mita_argmax_rows(int32_t *route, const float *x, int rows, int m)
+{
+    MS_SIMD_CALL(mita_argmax_rows, route, x, rows, m);
 }
 static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
                                   int np)

@@ -7,7 +7,8 @@
  * exact ties, 1 and 2 threads (bit-identical);
  * the top-k row alone against a full sort of its keys (ties, signed zeros,
  * infinities, NaNs, k up to n), and the vector row helpers
- * (kernels/mita_simd.c: keys, counts, ranking, joint softmax, gathers) on
+ * (kernels/mita_simd.c: keys, counts, ranking, routes, joint softmax,
+ * gathers) on
  * both CPU paths against plain loops. CMake runs this file once more with
  * MS_CPU_PATH=base. */
 #include <math.h>
@@ -513,6 +514,16 @@ START_TEST(test_mita_fast_helpers_paths)
                     if (!used && (best < 0 || key[i] > key[best])) best = i;
                 }
                 ck_assert_int_eq(idx[j], 1000 + best);
+            }
+            /* routes: each row's first maximum, as argmax_first (rows of
+             * the kinds above: ties, signed zeros, NaNs, infinities) */
+            for (int m = 1; m <= 70 && m <= n; m += (m < 17 ? 1 : 13)) {
+                int nr = n / m;
+                mita_argmax_rows(idx, x, nr, m);
+                for (int r = 0; r < nr; r++)
+                    ck_assert_msg(idx[r] == argmax_first(x + (size_t)r * m, m, 1),
+                                  "path %d n %d m %d row %d: %d, want %d", pi, n, m, r, idx[r],
+                                  argmax_first(x + (size_t)r * m, m, 1));
             }
             /* gathers and the scaled scatter */
             for (int i = 0; i < n; i++) rows[i] = (i * 7 + 3) % n;
