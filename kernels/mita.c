@@ -24,6 +24,7 @@
 #include "gemm.h"
 #include "mita_cuda_math.h" /* topk_key, topk_composite */
 #include "mita_simd.h"
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -178,20 +179,24 @@ static int u64_desc(const void *a, const void *b)
  * by search on the key value: the largest t with at least k keys >= t, and
  * in *above how many keys are > t, or -1 where exactly k keys are >= t
  * (then they are the k winners). Each step is one vector count of the row,
- * no data-dependent branch per element; the next probe interpolates the
- * counts linearly between the bracket's ends (in key units) while that at
- * least halves the bracket, else bisects: 9-10 counts a row where
- * bisection took 11-12 (N = 690, k = 49; interpolating by float value took
- * 15). */
+ * no data-dependent branch per element. The first probe is `guess` (where
+ * inside the bracket), the next ones interpolate the counts linearly
+ * between the bracket's ends (in key units) while that at least halves
+ * the bracket, else bisect. At N = 690, k = 49: 6.3 counts a row on the
+ * CamVid model's layers (5.4 on random data) with the normal guess of
+ * topk_guess, 11.7 (9.3) without; 12.4 (11.4) by bisection alone. */
 static uint32_t kth_key(int *above, const uint32_t *key /* (n) */, int n, int k, uint32_t kmin,
-                        uint32_t kmax)
+                        uint32_t kmax, uint32_t guess)
 {
     uint64_t lo = kmin, hi = (uint64_t)kmax + 1; /* count(>= lo) >= k > count(>= hi) */
     int c_lo = n, c_hi = 0;
     bool interp = true;
     while (hi - lo > 1) {
         uint64_t span = hi - lo, mid;
-        if (interp) { /* in [lo + 1, hi - 1]: (c_lo - k) / (c_lo - c_hi) < 1 */
+        if (guess > lo && guess < hi) {
+            mid = guess;
+            guess = 0;
+        } else if (interp) { /* in [lo + 1, hi - 1]: (c_lo - k) / (c_lo - c_hi) < 1 */
             double f = (double)(c_lo - k) / (double)(c_lo - c_hi);
             mid = lo + 1 + (uint64_t)(f * (double)(span - 1));
         } else {
@@ -210,6 +215,21 @@ static uint32_t kth_key(int *above, const uint32_t *key /* (n) */, int n, int k,
     return (uint32_t)lo;
 }
 
+/* The search's first probe: the k-th largest of n draws of a normal law
+ * with the row's mean and deviation (sum, sumsq), mean + z sd with z the
+ * upper k/n quantile (Abramowitz and Stegun 26.2.23, |error| < 4.5e-4);
+ * 0 (no guess) where k/n >= 1/2 or the sums are not finite. Probe scores
+ * are dot products, near normal across a row: the guess lands close. */
+static uint32_t topk_guess(int n, int k, float sum, float sumsq)
+{
+    double p = (double)k / n, mu = (double)sum / n, var = (double)sumsq / n - mu * mu;
+    if (!(p < 0.5) || !isfinite(mu) || !isfinite(var)) return 0;
+    double t = sqrt(-2.0 * log(p));
+    double z = t - (2.515517 + 0.802853 * t + 0.010328 * t * t) /
+                       (1.0 + 1.432788 * t + 0.189269 * t * t + 0.001308 * t * t * t);
+    return topk_key((float)(mu + z * sqrt(var > 0.0 ? var : 0.0)));
+}
+
 /* idx = the k best positions of score[0..n) in top-k order, best first,
  * 1 <= k <= n. Keys: topk_key, whose order is the scores' (NaNs ordered by
  * their bits, -0 = +0). The k-th largest key t (kth_key) splits the row:
@@ -226,9 +246,10 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
     uintptr_t at = ((uintptr_t)(buf + 3 * (size_t)n + 8) + 7) & ~(uintptr_t)7;
     uint64_t *u64 = (uint64_t *)at;                /* (k) composite keys, 8-byte aligned */
     uint32_t kmin, kmax;
-    mita_keys(key, score, n, &kmin, &kmax);
+    float sum, sumsq;
+    mita_keys(key, score, n, &kmin, &kmax, &sum, &sumsq);
     int above, ties = k;
-    uint32_t t = kth_key(&above, key, n, k, kmin, kmax);
+    uint32_t t = kth_key(&above, key, n, k, kmin, kmax, topk_guess(n, k, sum, sumsq));
     if (above >= 0) ties = k - above; /* keys = t that still get in */
     int ns = mita_collect_at_least_u32(wkey, wpos, key, n, t), w = 0;
     for (int i = 0; i < ns && w < k; i++)

@@ -26,10 +26,11 @@ void MS_SIMD_FN(mita_add)(float *restrict acc, const float *restrict x, int n)
 /* topk_key as bit operations the compiler vectorises: -0 becomes +0, a
  * negative float's bits are inverted, a positive one's sign bit set. */
 void MS_SIMD_FN(mita_keys)(uint32_t *restrict key, const float *restrict x, int n,
-                           uint32_t *kmin, uint32_t *kmax)
+                           uint32_t *kmin, uint32_t *kmax, float *sum, float *sumsq)
 {
     uint32_t lo = UINT32_MAX, hi = 0;
-#pragma omp simd reduction(min : lo) reduction(max : hi)
+    float s1 = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(min : lo) reduction(max : hi) reduction(+ : s1, s2)
     for (int i = 0; i < n; i++) {
         union {
             float f;
@@ -40,9 +41,13 @@ void MS_SIMD_FN(mita_keys)(uint32_t *restrict key, const float *restrict x, int 
         key[i] = kv;
         lo = kv < lo ? kv : lo;
         hi = kv > hi ? kv : hi;
+        s1 += x[i];
+        s2 += x[i] * x[i];
     }
     *kmin = lo;
     *kmax = hi;
+    *sum = s1;
+    *sumsq = s2;
 }
 
 int MS_SIMD_FN(mita_collect_at_least_u32)(uint32_t *val, int32_t *pos, const uint32_t *key, int n,

@@ -20,9 +20,10 @@ MS_SIMD_DECLARE(float, mita_exp2_sum, (float *x /* (n) */, int n, float scale, f
 /* acc[i] += x[i]. */
 MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
 /* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys;
- * their least and largest. */
+ * their least and largest, and the sums of x and x^2 (reassociated: for
+ * the search's first guess only). */
 MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n) */, int n,
-                                  uint32_t *kmin, uint32_t *kmax));
+                                  uint32_t *kmin, uint32_t *kmax, float *sum, float *sumsq));
 /* Appends the key[i] >= t to val and their i to pos, in order; returns
  * how many. */
 MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
@@ -68,9 +69,9 @@ static inline void mita_add(float *acc, const float *x, int n)
     MS_SIMD_CALL(mita_add, acc, x, n);
 }
 static inline void mita_keys(uint32_t *key, const float *x, int n, uint32_t *kmin,
-                             uint32_t *kmax)
+                             uint32_t *kmax, float *sum, float *sumsq)
 {
-    MS_SIMD_CALL(mita_keys, key, x, n, kmin, kmax);
+    MS_SIMD_CALL(mita_keys, key, x, n, kmin, kmax, sum, sumsq);
 }
 static inline int mita_collect_at_least_u32(uint32_t *val, int32_t *pos, const uint32_t *key,
                                             int n, uint32_t t)

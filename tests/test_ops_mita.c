@@ -479,15 +479,22 @@ START_TEST(test_mita_fast_helpers_paths)
         for (int n = 1; n <= N; n += (n < 40 ? 1 : 27)) {
             topk_fill(x, n, n % 8, 77u + (uint32_t)n);
             uint32_t lo, hi;
-            mita_keys(key, x, n, &lo, &hi);
+            float s1, s2;
+            mita_keys(key, x, n, &lo, &hi, &s1, &s2);
             uint32_t want_lo = UINT32_MAX, want_hi = 0;
+            double w1 = 0, w2 = 0;
             for (int i = 0; i < n; i++) {
                 ck_assert_uint_eq(key[i], topk_key(x[i]));
                 want_lo = key[i] < want_lo ? key[i] : want_lo;
                 want_hi = key[i] > want_hi ? key[i] : want_hi;
+                w1 += x[i], w2 += (double)x[i] * x[i];
             }
             ck_assert_uint_eq(lo, want_lo);
             ck_assert_uint_eq(hi, want_hi);
+            if (w2 < 1e30) { /* the guess's sums, to float rounding */
+                ck_assert(fabs(s1 - w1) <= 1e-5 * (1.0 + w2));
+                ck_assert(fabs(s2 - w2) <= 1e-5 * (1.0 + w2));
+            }
             for (int s = 0; s < n; s += 1 + n / 9) { /* thresholds: keys of the row */
                 uint32_t t = key[s];
                 int cnt = 0;
