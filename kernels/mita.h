@@ -43,7 +43,7 @@ size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, in
  * What mita_cpu runs per expert; exposed for the tests. */
 size_t mita_topk_floats(int n, int k);
 void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
-                   float *buf);
+                   float *buf /* (mita_topk_floats(n, k)) */);
 
 /* Sizes already clamped (mita_clamp). n = ncls + hp*wp tokens, the class
  * token first. ws: mita_scratch_bytes bytes. */

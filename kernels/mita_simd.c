@@ -186,15 +186,16 @@ float MS_SIMD_FN(mita_exp2_sum)(float *x, int n, float scale, float shift)
     return exp2_sum(x, n, scale, shift);
 }
 
-/* Kept as loops (GCC would turn them into a memcpy call per row). */
+/* Kept a loop (GCC would turn it into a memcpy call per row). */
 #if defined(__GNUC__) && !defined(__clang__)
 #define MITA_NO_MEMCPY __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #else
 #define MITA_NO_MEMCPY
 #endif
 
-MITA_NO_MEMCPY void MS_SIMD_FN(mita_gather_rows)(float *restrict dst, size_t dld, const float *restrict src,
-                                  size_t sld, const int32_t *rows, int nr, int d)
+MITA_NO_MEMCPY void MS_SIMD_FN(mita_gather_rows)(float *restrict dst, size_t dld,
+                                                 const float *restrict src, size_t sld,
+                                                 const int32_t *rows, int nr, int d)
 {
     for (int r = 0; r < nr; r++) {
         const float *a = src + (size_t)rows[r] * sld;

@@ -1,7 +1,8 @@
 /* Row loops of MiTA on the CPU (kernels/mita.c), built once per CPU path
- * (cpu_path.h). All exact (compares, maxima, element-wise adds and scales,
- * nothing reassociated; integer counts), so both paths give the same
- * landmarks, routes and routed sets. */
+ * (cpu_path.h). What the selections use is exact (compares, maxima,
+ * element-wise adds, integer counts), so both paths give the same
+ * landmarks, routes and routed sets; the softmax sums are reassociated
+ * (the paths' outputs agree to float rounding). */
 #ifndef MS_MITA_SIMD_H
 #define MS_MITA_SIMD_H
 

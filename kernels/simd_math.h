@@ -27,8 +27,8 @@ static inline float simd_gelu(float x)
 /* 2^x for x <= 126, inlined so the row loops vectorise into straight-line
  * code: 20 vector instructions per 8 values, load, store and sum included,
  * 0.27 ns a value against libmvec's expf at 0.48 (called per vector; it
- * was three quarters of the softmax's time and an eighth of the op's) on
- * the v3 path. x = n + f, n an integer and |f| <= 1/2 exactly; 2^f by a
+ * was three quarters of full attention's softmax time and an eighth of
+ * the op's) on the v3 path. x = n + f, n an integer and |f| <= 1/2 exactly; 2^f by a
  * degree-6 polynomial (fitted for relative error on [-1/2, 1/2]: 1e-7, under
  * 2 ulp with float rounding); 2^n put into the exponent bits. Below -126.5
  * (and at -inf) it returns 0, where exp2f is below 1.7e-38; above 126 (and
