@@ -88,6 +88,14 @@ static void print_cpu(void)
     /* gemm_cpu makes OpenBLAS single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
     printf("openblas: %s; core %s\n", openblas_get_config(), openblas_get_corename());
+    /* what libgomp read at start (app/omp_env/omp_env.c chose it unless the
+     * user did) */
+    const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");
+    printf("openmp wait: ");
+    if (policy) printf("OMP_WAIT_POLICY=%s%s", policy, spin ? ", " : "");
+    if (spin) printf("GOMP_SPINCOUNT=%s", spin);
+    if (!policy && !spin) printf("libgomp's default");
+    printf("\n");
 }
 
 #ifdef MS_HAVE_CUDA

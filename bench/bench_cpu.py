@@ -49,9 +49,13 @@ import sys
 import tempfile
 import time
 
-# Passive OpenMP waiting for every worker (libgomp reads it at load time; the
-# mitaseg CLI sets the same for itself): idle workers must not spin.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp's wait policy for every libgomp worker (mitaseg, PyTorch), set in
+# main() before they start (libgomp reads it at load time): by default the
+# short spin that mitaseg picks for itself on an otherwise idle machine
+# (app/omp_env/omp_env.c; this benchmark wants an idle machine), or passive.
+# Either way idle workers sleep between requests. ONNX Runtime keeps its own
+# thread pool's default.
+OMP_WAIT = {"spin": ("GOMP_SPINCOUNT", "10000"), "passive": ("OMP_WAIT_POLICY", "PASSIVE")}
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -380,6 +384,9 @@ def main():
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=7, help="timed rounds after the warm-up round")
     ap.add_argument("--gap", type=float, default=0.1, help="pause between runs, s")
+    ap.add_argument("--omp-wait", choices=sorted(OMP_WAIT), default="spin",
+                    help="libgomp wait policy of the mitaseg and PyTorch workers (default: spin, "
+                    "GOMP_SPINCOUNT=10000, what mitaseg picks on an idle machine)")
     ap.add_argument("--attention", default="mita,full")
     ap.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out")
     ap.add_argument("--torch-python", action="append", default=None,
@@ -391,6 +398,10 @@ def main():
     ap.add_argument("--worker", choices=["torch", "ort"], help=argparse.SUPPRESS)
     ap.add_argument("--onnx", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if not args.worker and not (os.environ.get("OMP_WAIT_POLICY")
+                                or os.environ.get("GOMP_SPINCOUNT")):
+        key, value = OMP_WAIT[args.omp_wait]
+        os.environ[key] = value
     if args.worker == "torch":
         return worker_torch(args)
     if args.worker == "ort":
@@ -457,8 +468,10 @@ def main():
                         "optimisations; opset 17 export)" % (r["contender"], args.threads)
                 else:
                     libs[r["contender"]] = "%s (%s)" % (r["contender"], info["python"])
-    print("Machine: %s; %d threads; %s; load average %.1f at start, %.1f at end"
-          % (report["cpu"], args.threads, report["date"], *report["loadavg"]))
+    wait = ", ".join("%s=%s" % (k, os.environ[k]) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                     if os.environ.get(k))
+    print("Machine: %s; %d threads; %s; load average %.1f at start, %.1f at end; libgomp %s"
+          % (report["cpu"], args.threads, report["date"], *report["loadavg"], wait))
     print("Versions: %s" % "; ".join(libs.values()))
     print("Batch 1, uint8 pixels to logits + mask; 1 warm-up + %d timed rounds, contenders "
           "interleaved. Ratio = contender / mitaseg (> 1: mitaseg faster). Peak RSS = VmHWM of "
