@@ -18,7 +18,6 @@
  * pass. */
 #include "conv.h"
 
-#include <limits.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>

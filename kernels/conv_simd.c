@@ -176,36 +176,42 @@ void MS_SIMD_FN(wino43_weights_row)(float *u /* (36, kst) */, size_t kst,
         int nc = ci - c0 < CB ? ci - c0 : CB;
         for (int c = 0; c < nc; c++) /* taps as planes, for unit-stride lanes */
             for (int q = 0; q < 9; q++) g[q][c] = w[(size_t)(c0 + c) * 9 + q];
-        /* G g G^T, columns then rows: named temporaries (no local arrays),
-         * so the loop vectorises */
-#define WINO_G_ROW(a0, a1, a2, i)                                                      \
-    do {                                                                               \
-        const float x0_ = (a0), x1_ = (a1), x2_ = (a2);                                \
-        r[6 * (i) + 0][c] = 0.25f * x0_;                                               \
-        r[6 * (i) + 1][c] = -(x0_ + x1_ + x2_) * sixth;                                \
-        r[6 * (i) + 2][c] = -(x0_ - x1_ + x2_) * sixth;                                \
-        r[6 * (i) + 3][c] = (0.25f * x0_ + 0.5f * x1_ + x2_) * sixth;                  \
-        r[6 * (i) + 4][c] = (0.25f * x0_ - 0.5f * x1_ + x2_) * sixth;                  \
-        r[6 * (i) + 5][c] = x2_;                                                       \
+        /* G g G^T, columns then rows, with one 1-D transform G x of three
+         * values into six named temporaries p0..p5 (no local arrays, so the
+         * loop vectorises) */
+#define WINO_G(p, x0, x1, x2)                                              \
+    const float p##0 = 0.25f * (x0), p##1 = -((x0) + (x1) + (x2)) * sixth, \
+                p##2 = -((x0) - (x1) + (x2)) * sixth,                      \
+                p##3 = (0.25f * (x0) + 0.5f * (x1) + (x2)) * sixth,        \
+                p##4 = (0.25f * (x0) - 0.5f * (x1) + (x2)) * sixth, p##5 = (x2)
+#define WINO_G_ROW(i)                                                      \
+    do {                                                                   \
+        WINO_G(q, s##i, t##i, v##i);                                       \
+        r[6 * i + 0][c] = q0;                                              \
+        r[6 * i + 1][c] = q1;                                              \
+        r[6 * i + 2][c] = q2;                                              \
+        r[6 * i + 3][c] = q3;                                              \
+        r[6 * i + 4][c] = q4;                                              \
+        r[6 * i + 5][c] = q5;                                              \
     } while (0)
         const float sixth = 1.0f / 6.0f;
 #pragma omp simd
         for (int c = 0; c < nc; c++) {
-            const float a0 = g[0][c], a1 = g[1][c], a2 = g[2][c], b0 = g[3][c], b1 = g[4][c],
-                        b2 = g[5][c], e0 = g[6][c], e1 = g[7][c], e2 = g[8][c];
-            /* rows of G g: (G g)[i][j] from column j's taps (a_j, b_j, e_j) */
-            WINO_G_ROW(0.25f * a0, 0.25f * a1, 0.25f * a2, 0);
-            WINO_G_ROW(-(a0 + b0 + e0) * sixth, -(a1 + b1 + e1) * sixth, -(a2 + b2 + e2) * sixth,
-                       1);
-            WINO_G_ROW(-(a0 - b0 + e0) * sixth, -(a1 - b1 + e1) * sixth, -(a2 - b2 + e2) * sixth,
-                       2);
-            WINO_G_ROW((0.25f * a0 + 0.5f * b0 + e0) * sixth, (0.25f * a1 + 0.5f * b1 + e1) * sixth,
-                       (0.25f * a2 + 0.5f * b2 + e2) * sixth, 3);
-            WINO_G_ROW((0.25f * a0 - 0.5f * b0 + e0) * sixth, (0.25f * a1 - 0.5f * b1 + e1) * sixth,
-                       (0.25f * a2 - 0.5f * b2 + e2) * sixth, 4);
-            WINO_G_ROW(e0, e1, e2, 5);
+            /* G g: column j of g (its taps g[j], g[3+j], g[6+j]) into column
+             * j of G g (s, t, v for j = 0, 1, 2) */
+            WINO_G(s, g[0][c], g[3][c], g[6][c]);
+            WINO_G(t, g[1][c], g[4][c], g[7][c]);
+            WINO_G(v, g[2][c], g[5][c], g[8][c]);
+            /* then each row i of G g through G again */
+            WINO_G_ROW(0);
+            WINO_G_ROW(1);
+            WINO_G_ROW(2);
+            WINO_G_ROW(3);
+            WINO_G_ROW(4);
+            WINO_G_ROW(5);
         }
 #undef WINO_G_ROW
+#undef WINO_G
         /* each U_k row a contiguous run (36 rows kst apart) */
         for (int k = 0; k < 36; k++)
             memcpy(u + (size_t)k * kst + c0, r[k], (size_t)nc * sizeof(float));

@@ -266,7 +266,8 @@ START_TEST(test_conv2d_winograd)
 {
     ms_cpu_path start = cpu_path_get();
     int start_threads = max_threads(), cases = 0;
-    static const int hw[][2] = {{1, 1}, {2, 2}, {3, 5}, {5, 3}, {1, 33}, {33, 2}, {33, 33}, {34, 31}, {6, 12}};
+    static const int hw[][2] = {{1, 1},   {2, 2},   {3, 5},   {5, 3},  {1, 33},
+                                {33, 2},  {33, 33}, {34, 31}, {6, 12}};
     static const int cico[][2] = {{16, 16}, {17, 33}, {33, 17}, {65, 64}};
     for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
