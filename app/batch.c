@@ -11,7 +11,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
-#include "../kernels/elementwise.h" /* slide_windows, slide_start */
+#include "kernels/elementwise.h" /* slide_windows, slide_start */
 
 /* A folder found through a symbolic link, walked after the real tree. */
 struct ms_batch_link {

@@ -13,14 +13,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../backbone/vit.h"
-#include "../decoder/decoder.h"
-#include "../kernels/elementwise.h" /* slide_windows, slide_start */
-#include "../kernels/pool.h"
+#include "backbone/vit.h"
+#include "decoder/decoder.h"
+#include "kernels/elementwise.h" /* slide_windows, slide_start */
+#include "kernels/pool.h"
 #include "image_resize.h"
 #include "model_file.h"
 #ifdef MS_HAVE_CUDA
-#include "../kernels/cuda_ctx.h"
+#include "kernels/cuda_ctx.h"
 #endif
 
 #define MS_MAX_PLANS 4

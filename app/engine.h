@@ -5,7 +5,7 @@
 #ifndef MS_ENGINE_H
 #define MS_ENGINE_H
 
-#include "config.h"
+#include "backbone/config.h"
 #include "image_io.h"
 
 typedef enum { MS_DEV_AUTO = -1, MS_DEV_CPU = 0, MS_DEV_CUDA = 1 } ms_device_choice;

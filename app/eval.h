@@ -4,7 +4,7 @@
 #ifndef MS_EVAL_H
 #define MS_EVAL_H
 
-#include "../kernels/common.h"
+#include "kernels/common.h"
 
 typedef struct {
     int n_classes;

@@ -3,7 +3,7 @@
 #ifndef MS_IMAGE_IO_H
 #define MS_IMAGE_IO_H
 
-#include "../kernels/common.h"
+#include "kernels/common.h"
 
 typedef struct {
     int w, h;

@@ -22,7 +22,7 @@
 #ifndef MS_IMAGE_RESIZE_H
 #define MS_IMAGE_RESIZE_H
 
-#include "../kernels/common.h"
+#include "kernels/common.h"
 
 /* Bytes of scratch image_resize_u8_rgb needs for these sizes (coefficient
  * tables and two horizontally resized rows). */

@@ -5,7 +5,7 @@
 #ifndef MS_MODEL_FILE_H
 #define MS_MODEL_FILE_H
 
-#include "config.h"
+#include "backbone/config.h"
 
 /* The safetensors dtypes. Weights may be F32, F16, BF16 or F64 (converted to
  * F32 at load); the others may sit in a file (e.g. BatchNorm's I64

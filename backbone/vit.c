@@ -5,7 +5,7 @@
 #include <string.h>
 
 #ifdef MS_HAVE_CUDA
-#include "../kernels/cuda_ctx.h"
+#include "kernels/cuda_ctx.h"
 #endif
 
 ms_status trace_emit(ms_backend *be, const ms_trace *tr, const char *name,

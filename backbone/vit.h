@@ -3,8 +3,8 @@
 #ifndef MS_VIT_H
 #define MS_VIT_H
 
-#include "../app/config.h"
-#include "../kernels/ops.h"
+#include "backbone/config.h"
+#include "kernels/ops.h"
 
 /* A convolution with its BatchNorm (if any) folded in: y = conv(x, w) + b. */
 typedef struct {

@@ -3,7 +3,7 @@
 #ifndef MS_DECODER_H
 #define MS_DECODER_H
 
-#include "../backbone/vit.h"
+#include "backbone/vit.h"
 
 typedef struct {
     ms_conv lateral[4], convs[4];   /* mln: 1x1 and 3x3 convs with bias */

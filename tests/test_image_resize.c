@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "app/config.h"
+#include "backbone/config.h"
 #include "app/engine.h"
 #include "app/image_resize.h"
 #include "app/model_file.h"

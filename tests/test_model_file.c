@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "app/config.h"
+#include "backbone/config.h"
 #include "app/engine.h"
 #include "app/model_file.h"
 #include "testutil.h"

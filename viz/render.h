@@ -8,8 +8,8 @@
 
 #include <math.h>
 
-#include "../app/engine.h"
-#include "../app/stats.h"
+#include "app/engine.h"
+#include "app/stats.h"
 #include "colormap.h"
 #include "text.h"
 

@@ -4,7 +4,7 @@
 #ifndef MS_VIZ_TEXT_H
 #define MS_VIZ_TEXT_H
 
-#include "../kernels/common.h"
+#include "kernels/common.h"
 
 /* DejaVu Sans from Debian's fonts-dejavu-core. */
 #define VIZ_FONT_DEFAULT "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"

@@ -2,7 +2,7 @@
 #ifndef MS_CONFIG_H
 #define MS_CONFIG_H
 
-#include "../kernels/common.h"
+#include "kernels/common.h"
 
 #define MS_MAX_CLASSES 256
 #define MS_MAX_STEM 8
