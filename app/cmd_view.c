@@ -1081,11 +1081,14 @@ int cmd_view(int argc, char **argv)
         if (d.drop.file && SDL_PushEvent(&d) != 1) SDL_free(d.drop.file);
     }
 
-    /* Ctrl-C or SIGTERM closes the window like Escape (SDL leaves the
-     * signals to main()'s handler, installed before SDL_Init). */
-    cli_interrupt_graceful();
+    /* Ctrl-C or SIGTERM ends the viewer at once in main()'s handler
+     * (installed before SDL_Init, so SDL leaves the signals to it): there
+     * is nothing to finish, as a run in flight only fills the window, and
+     * the handler removes a save being written. A graceful stop would wait
+     * for this loop to look, behind a redraw or a run (over a second on a
+     * loaded machine). */
     bool quit = false, dirty = true;
-    while (!quit && !cli_interrupted) {
+    while (!quit) {
         if (dirty) {
             redraw(v);
             dirty = false;
@@ -1198,7 +1201,7 @@ int cmd_view(int argc, char **argv)
             }
         } while (!quit && SDL_PollEvent(&ev));
     }
-    rc = cli_interrupted ? cli_interrupt_status() : 0;
+    rc = 0;
 out:
     viewer_free(v);
     SDL_Quit();

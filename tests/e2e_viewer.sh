@@ -150,20 +150,21 @@ for tool in Xvfb xdotool; do
     command -v "$tool" >/dev/null 2>&1 || { echo "skip: $tool not installed"; exit 77; }
 done
 
-# A free display number: no lock file and no socket.
-DNUM=""
-for n in $(seq 87 140); do
-    if [ ! -e "/tmp/.X$n-lock" ] && [ ! -e "/tmp/.X11-unix/X$n" ]; then DNUM=$n; break; fi
-done
-[ -n "$DNUM" ] || { echo "skip: no free X display number"; exit 77; }
-Xvfb ":$DNUM" -screen 0 1280x1024x24 -nolisten tcp >"$TMP/xvfb.log" 2>&1 &
+# Xvfb picks a free display itself (-displayfd: no race with another
+# server starting beside it, as under ctest -j or a second checkout) and
+# writes its number once it accepts connections. Up to a minute: under load
+# its start (the keymap compiled by xkbcomp) has taken over ten seconds.
+Xvfb -displayfd 9 -screen 0 1280x1024x24 -nolisten tcp 9>"$TMP/xvfb.display" \
+    >"$TMP/xvfb.log" 2>&1 &
 XVFB_PID=$!
-export DISPLAY=":$DNUM"
-for _ in $(seq 1 100); do
-    xdotool getmouselocation >/dev/null 2>&1 && break
+for _ in $(seq 1 600); do
+    [ -s "$TMP/xvfb.display" ] && break
     kill -0 "$XVFB_PID" 2>/dev/null || { cat "$TMP/xvfb.log"; echo "skip: Xvfb did not start"; exit 77; }
     sleep 0.1
 done
+DNUM=$(head -n 1 "$TMP/xvfb.display")
+[ -n "$DNUM" ] || fail "Xvfb gave no display number within a minute"
+export DISPLAY=":$DNUM"
 xdotool getmouselocation >/dev/null 2>&1 || fail "Xvfb :$DNUM is not answering"
 
 
@@ -305,13 +306,17 @@ read -r V5 M5 < <(save_now)
 [ "$(png size "$M5")" = "160 120" ] || fail "$M5 does not decode to the dropped image's size"
 quit_viewer "drop test"
 
-# 6. SIGTERM closes the viewer within a second with status 143
+# 6. SIGTERM closes the viewer at once with status 143 (main()'s handler:
+# nothing to wait for). Allowed 3 s: at load average 6 on 2 cores a 1 s
+# bound failed in 4 of 12 runs with the old graceful stop (a half-second
+# deadline for the run in flight) and still in 1 of 8 ending in the
+# handler; waiting for a run would take longer than 3 s there.
 : >"$TMP/log"
 SDL_VIDEODRIVER=x11 MITASEG_VIEW_LOG=1 "$BIN" view "$IMG" --model "$MODEL" --size ${WW}x${WH} \
     --device cpu --threads 1 >"$TMP/log" 2>"$TMP/err" &
 VIEW_PID=$!
 wait_log '^ready' 120 >/dev/null
-stop_viewer "kill -TERM $VIEW_PID" 10 143 "SIGTERM, within a second"
+stop_viewer "kill -TERM $VIEW_PID" 30 143 "SIGTERM, at once"
 
 # 7. a folder of three images
 mkdir -p "$TMP/set"
