@@ -61,7 +61,14 @@ def data_pairs(root, tcfg, holdout=None):
     # a list of lists trains on all of them (the final model: train + val)
     tls = tl if isinstance(tl, list) else [tl]
     train, val = make_splits.pool_pairs(root, tls), make_splits.read_list(os.path.join(root, vl))
-    return train, val, "%s (%d frames); validated on %s (%d frames)" % (" + ".join(tls), len(train), vl, len(val))
+    seen = {os.path.realpath(p[0]) for p in train}
+    inside = sum(os.path.realpath(p[0]) in seen for p in val)
+    # say so when the val frames are training frames: their number then
+    # measures fit, not generalisation (and says so in the exported provenance)
+    note = "" if inside == 0 else (", all in the training set" if inside == len(val)
+                                   else ", %d of them in the training set" % inside)
+    return train, val, "%s (%d frames); validated on %s (%d frames%s)" % (
+        " + ".join(tls), len(train), vl, len(val), note)
 
 
 def decode_all(pairs):

@@ -75,6 +75,10 @@ class TestSplits(unittest.TestCase):
                                                                      "val_list": "val.txt"}, None)
             self.assertEqual((len(tr), len(va)), (6, 2))
             self.assertIn("train.txt + val.txt (6 frames)", desc)
+            self.assertIn("val.txt (2 frames, all in the training set)", desc)
+            tr, va, desc = T.data_pairs(os.path.join(root, "data"), {"train_list": "train.txt",
+                                                                     "val_list": "val.txt"}, None)
+            self.assertIn("validated on val.txt (2 frames)", desc)
 
 
 class TestClassWeights(unittest.TestCase):
