@@ -46,6 +46,24 @@ import make_splits  # noqa: E402
 
 # ---------------------------------------------------------------- data
 
+def load_config(path, depth=0):
+    """A training config file. {"base": FILE, "train": {...}} is FILE (a path
+    relative to this file's folder) with those train keys replaced, and its
+    model unless "model" is given: a variant of a recipe names only what it
+    changes, so the two cannot drift apart."""
+    cfg = json.load(open(path))
+    base = cfg.pop("base", None)
+    if base is None:
+        return cfg
+    if depth >= 8:
+        raise ValueError("%s: config bases nested more than 8 deep" % path)
+    out = load_config(os.path.join(os.path.dirname(os.path.abspath(path)), base), depth + 1)
+    out["train"] = dict(out.get("train", {}), **cfg.get("train", {}))
+    if "model" in cfg:
+        out["model"] = cfg["model"]
+    return out
+
+
 def data_pairs(root, tcfg, holdout=None):
     """(train pairs, val pairs, description). holdout = a sequence name: the
     leave-one-sequence-out fold over train_list + val_list (make_splits.py).
@@ -571,7 +589,7 @@ def main(argv=None):
                          "(bicubic with antialias)")
     args = ap.parse_args(argv)
 
-    full_cfg = json.load(open(args.config))
+    full_cfg = load_config(args.config)
     mcfg = R.complete_config(full_cfg["model"])
     tcfg = full_cfg["train"]
     val_every = args.val_every or tcfg.get("val_every", 3)

@@ -81,6 +81,37 @@ class TestSplits(unittest.TestCase):
             self.assertIn("validated on val.txt (2 frames)", desc)
 
 
+class TestConfigBase(unittest.TestCase):
+    def test_final_config_is_the_xseq_recipe_on_train_and_val(self):
+        cdir = os.path.join(TOOLS_DIR, "configs")
+        xseq = T.load_config(os.path.join(cdir, "camvid-mita-xseq.json"))
+        final = T.load_config(os.path.join(cdir, "camvid-mita-final.json"))
+        self.assertEqual(final["model"], xseq["model"])
+        changed = {k for k in set(final["train"]) | set(xseq["train"])
+                   if final["train"].get(k) != xseq["train"].get(k)}
+        self.assertEqual(changed, {"train_list", "holdout", "val_every"})
+        self.assertEqual(final["train"]["train_list"], ["train.txt", "val.txt"])
+        self.assertNotIn("base", final)
+
+    def test_base_relative_path_model_override_and_loop(self):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "sub"))
+            with open(os.path.join(d, "a.json"), "w") as f:
+                json.dump({"model": {"m": 1}, "train": {"lr": 1, "seed": 0}}, f)
+            with open(os.path.join(d, "sub", "b.json"), "w") as f:
+                json.dump({"base": "../a.json", "train": {"lr": 2}}, f)
+            with open(os.path.join(d, "sub", "c.json"), "w") as f:
+                json.dump({"base": "b.json", "model": {"m": 2}}, f)
+            self.assertEqual(T.load_config(os.path.join(d, "sub", "b.json")),
+                             {"model": {"m": 1}, "train": {"lr": 2, "seed": 0}})
+            self.assertEqual(T.load_config(os.path.join(d, "sub", "c.json")),
+                             {"model": {"m": 2}, "train": {"lr": 2, "seed": 0}})
+            with open(os.path.join(d, "loop.json"), "w") as f:
+                json.dump({"base": "loop.json"}, f)
+            with self.assertRaises(ValueError):
+                T.load_config(os.path.join(d, "loop.json"))
+
+
 class TestClassWeights(unittest.TestCase):
     K = 3
 
