@@ -80,11 +80,13 @@ static void print_cpu(void)
     printf(" (not an x86 CPU: not listed)");
 #endif
     printf("\n");
+    static const char *const path_what[MS_CPU_PATH_COUNT] = {
+        "baseline x86-64", "x86-64-v3: AVX2, FMA", "x86-64-v4: AVX-512, 512-bit vectors"};
     ms_cpu_path path = cpu_path_get();
-    printf("cpu kernels: %s path%s\n", cpu_path_name(path),
-           path == MS_CPU_PATH_V3 ? " (x86-64-v3: AVX2, FMA)"
-                                  : (cpu_path_supported(MS_CPU_PATH_V3) ? " (forced by MS_CPU_PATH)"
-                                                                        : " (baseline x86-64)"));
+    printf("cpu kernels: %s path (%s)%s\n", cpu_path_name(path), path_what[path],
+           path + 1 < MS_CPU_PATH_COUNT && cpu_path_supported((ms_cpu_path)(path + 1))
+               ? "; a faster one runs here: MS_CPU_PATH asked for this one"
+               : "");
     /* gemm_cpu makes OpenBLAS single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
     printf("openblas: %s; core %s\n", openblas_get_config(), openblas_get_corename());

@@ -6,7 +6,7 @@
 
 #include <string.h>
 
-void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */, int n,
+SIMD_256_FN void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */, int n,
                                    float bias, ms_act act)
 {
     if (act == MS_ACT_RELU) {
@@ -24,7 +24,7 @@ void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n)
     }
 }
 
-void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */,
+SIMD_256_FN void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */,
                                        int n, float bias, ms_act act, bool last)
 {
     if (!last) {
@@ -47,7 +47,7 @@ void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const float *src /*
     }
 }
 
-void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0 /* (n) */,
+SIMD_256_FN void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0 /* (n) */,
                                           const float *t1 /* (n) */, int n, float bias,
                                           ms_act act)
 {

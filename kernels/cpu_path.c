@@ -9,11 +9,9 @@
 static ms_cpu_path cpu_path_current = MS_CPU_PATH_BASE;
 static pthread_once_t cpu_path_once = PTHREAD_ONCE_INIT;
 
-bool cpu_path_supported(ms_cpu_path p)
-{
-    if (p == MS_CPU_PATH_BASE) return true;
 #if defined(MS_SIMD_HAVE_V3) && (defined(__x86_64__) || defined(__i386__))
-    if (p != MS_CPU_PATH_V3) return false;
+static bool cpu_has_v3(void)
+{
     __builtin_cpu_init();
     /* x86-64-v3 also has F16C, MOVBE and LZCNT; the compiler may use them.
      * Read from CPUID: clang's __builtin_cpu_supports does not know them. */
@@ -25,20 +23,70 @@ bool cpu_path_supported(ms_cpu_path p)
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
            __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2") && f16c && movbe &&
            lzcnt;
-#else
-    return false;
+}
 #endif
+
+#if defined(MS_SIMD_HAVE_V4) && (defined(__x86_64__) || defined(__i386__))
+/* x86-64-v4: AVX-512 F, BW, CD, DQ and VL, and an OS that saves the opmask
+ * and all 512-bit registers (XCR0 bits 1-2 and 5-7; a hypervisor may hide
+ * them although CPUID lists the instructions). */
+static bool cpu_has_v4(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false; /* OSXSAVE */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xe6u) != 0xe6u) return false;
+    return cpu_has_v3() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512cd") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+}
+#endif
+
+/* Whether this build has the path's kernels (the compiler may lack a
+ * -march level; other architectures have the base path only). */
+static bool cpu_path_built(ms_cpu_path p)
+{
+    switch (p) {
+    case MS_CPU_PATH_BASE: return true;
+#if defined(MS_SIMD_HAVE_V3) && (defined(__x86_64__) || defined(__i386__))
+    case MS_CPU_PATH_V3: return true;
+#endif
+#if defined(MS_SIMD_HAVE_V4) && (defined(__x86_64__) || defined(__i386__))
+    case MS_CPU_PATH_V4: return true;
+#endif
+    default: return false;
+    }
 }
 
-const char *cpu_path_name(ms_cpu_path p) { return p == MS_CPU_PATH_V3 ? "v3" : "base"; }
+bool cpu_path_supported(ms_cpu_path p)
+{
+    if (p == MS_CPU_PATH_BASE) return true;
+#if defined(MS_SIMD_HAVE_V3) && (defined(__x86_64__) || defined(__i386__))
+    if (p == MS_CPU_PATH_V3) return cpu_has_v3();
+#endif
+#if defined(MS_SIMD_HAVE_V4) && (defined(__x86_64__) || defined(__i386__))
+    if (p == MS_CPU_PATH_V4) return cpu_has_v4();
+#endif
+    return false;
+}
+
+const char *cpu_path_name(ms_cpu_path p)
+{
+    return p == MS_CPU_PATH_V4 ? "v4" : p == MS_CPU_PATH_V3 ? "v3" : "base";
+}
 
 static void cpu_path_detect(void)
 {
-    ms_cpu_path best = cpu_path_supported(MS_CPU_PATH_V3) ? MS_CPU_PATH_V3 : MS_CPU_PATH_BASE;
+    ms_cpu_path best = MS_CPU_PATH_BASE;
+    while (best + 1 < MS_CPU_PATH_COUNT && cpu_path_supported((ms_cpu_path)(best + 1)))
+        best = (ms_cpu_path)(best + 1);
+    /* A lower path on request; one above what the CPU runs is ignored
+     * rather than crashing on an illegal instruction (the tests check
+     * cpu_path_get() after asking). */
     const char *env = getenv("MS_CPU_PATH");
-    /* An override the CPU cannot run is ignored rather than crashing on an
-     * illegal instruction; the tests check cpu_path_get() after asking. */
-    if (env && strcmp(env, "base") == 0) best = MS_CPU_PATH_BASE;
+    for (int p = 0; env && p < (int)best; p++)
+        if (strcmp(env, cpu_path_name((ms_cpu_path)p)) == 0) best = (ms_cpu_path)p;
     cpu_path_current = best;
 }
 
@@ -54,12 +102,7 @@ ms_status cpu_path_set(ms_cpu_path p)
     if (!cpu_path_supported(p))
         return ms_error(MS_ERR_UNSUPPORTED, "cpu path %s: not supported by this %s",
                         cpu_path_name(p),
-#ifdef MS_SIMD_HAVE_V3
-                        "CPU"
-#else
-                        "build"
-#endif
-        );
+                        cpu_path_built(p) ? "CPU" : "build");
     cpu_path_current = p;
     return MS_OK;
 }

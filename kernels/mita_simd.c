@@ -54,6 +54,21 @@ int MS_SIMD_FN(mita_collect_at_least_u32)(uint32_t *val, int32_t *pos, const uin
                                            uint32_t t)
 {
     int nc = 0, i = 0;
+#ifdef __AVX512F__
+    /* 16 keys a step: compare to a mask, compress the hits and their
+     * positions into registers and store all 16 lanes (in bounds: nc <= i;
+     * a compress straight to memory is slow on Zen 4) */
+    const __m512i tv = _mm512_set1_epi32((int)t);
+    __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (; i + 16 <= n; i += 16, at = _mm512_add_epi32(at, _mm512_set1_epi32(16))) {
+        __m512i kv = _mm512_loadu_si512(key + i);
+        __mmask16 hit = _mm512_cmpge_epu32_mask(kv, tv);
+        if (!hit) continue;
+        _mm512_storeu_si512(val + nc, _mm512_maskz_compress_epi32(hit, kv));
+        _mm512_storeu_si512(pos + nc, _mm512_maskz_compress_epi32(hit, at));
+        nc += __builtin_popcount(hit);
+    }
+#endif
     for (; i + 32 <= n; i += 32) {
         int any = 0;
 #pragma omp simd reduction(| : any)
@@ -128,8 +143,10 @@ void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int 
 }
 
 /* Branch-free: each entry's rank is one vector count over the keys (the
- * higher ones, and the equal ones before it: they have lower positions). */
-void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
+ * higher ones, and the equal ones before it: they have lower positions).
+ * 256-bit on v4 too: np = 56 for k = 49 is 3.5 512-bit vectors, and the
+ * half-vector tail made it twice as slow (perf, N = 1024). */
+SIMD_256_FN void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
                                 int np)
 {
     for (int i = 0; i < n; i++) {
@@ -162,7 +179,7 @@ static inline float exp2_sum(float *x, int n, float scale, float shift)
  * passes over all m + k (the routed logits come scaled to the shared
  * ones' units), then the shared part's sum when asked. exp2_sum's inlined
  * exp2 was worth it: libmvec's expf was a third of this. */
-void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
+SIMD_256_FN void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
                                     float scale)
 {
     int mk = m + k;

@@ -14,6 +14,18 @@ extern float expf(float);
 #pragma omp declare simd notinbranch
 extern float erff(float);
 
+/* Marks a function that the v4 path builds for 256-bit vectors, as v3
+ * does (its other loops take 512-bit ones). For those whose loops call
+ * erff: libmvec's 16-lane erff was measured 3.4 ulp off near erf = -1
+ * (GELU(-5.198) came out -0 for -5.2e-7; tests/test_ops_elem.c), its
+ * 8-lane one within glibc's 1-2. For loops over a few dozen values, where
+ * a 512-bit vector's tail costs more than it saves (comment at each). */
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define SIMD_256_FN __attribute__((target("prefer-vector-width=256")))
+#else
+#define SIMD_256_FN
+#endif
+
 /* gelu_erf (linear.h) written out here, so that erff is the vector one. */
 static inline float simd_gelu(float x)
 {

@@ -33,7 +33,7 @@ static void use_path(int pi)
 
 /* True when the path computes a*b + c with one rounding (FMA contraction),
  * so results can differ from the plain loops by float rounding. */
-static bool path_fuses(int pi) { return pi == MS_CPU_PATH_V3; }
+static bool path_fuses(int pi) { return pi >= MS_CPU_PATH_V3; }
 
 /* ---------- bilinear resize ---------- */
 

@@ -12,6 +12,7 @@
  * both CPU paths against plain loops. CMake runs this file once more with
  * MS_CPU_PATH=base. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -341,7 +342,7 @@ START_TEST(test_mita_row_helpers_paths)
     /* The row max and add on every path the CPU runs, at lengths with and
      * without tails, against plain loops. */
     ms_cpu_path start = cpu_path_get();
-    int n_paths = cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1;
+    int n_paths = cpu_path_count();
     float x[203], acc[203], want[203];
     for (int pi = 0; pi < n_paths; pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
@@ -361,25 +362,31 @@ END_TEST
 
 START_TEST(test_mita_paths_agree)
 {
-    /* The two CPU paths: identical routes and routed sets (all their row
-     * helpers are exact), outputs to float rounding (exp and GEMM sums). */
-    if (!cpu_path_supported(MS_CPU_PATH_V3)) return;
+    /* Every CPU path against the base one: identical routes and routed sets
+     * (all their row helpers are exact), outputs to float rounding (exp and
+     * GEMM sums). */
+    int n_paths = cpu_path_count();
+    if (n_paths < 2) return;
     ms_cpu_path start = cpu_path_get();
     const mita_case tc = {19, 21, 1, 3, 20, 7, 7, 49, true};
     float *qkv = qkv_random(&tc, 900u);
     ref_result r = mita_reference(qkv, &tc);
-    got_result g[2];
-    for (int pi = 0; pi < 2; pi++) {
+    got_result g[MS_CPU_PATH_COUNT];
+    for (int pi = 0; pi < n_paths; pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         g[pi] = mita_run(qkv, &tc, &r, 2);
     }
-    ck_assert_mem_eq(g[0].topk, g[1].topk, (size_t)tc.heads * r.m * r.k * sizeof(int32_t));
-    ck_assert_mem_eq(g[0].route, g[1].route, (size_t)tc.heads * r.n * sizeof(int32_t));
     double *o = xcalloc((size_t)r.n * r.c, sizeof(double));
     for (size_t i = 0; i < (size_t)r.n * r.c; i++) o[i] = g[0].out[i];
-    check_close_case(g[1].out, o, (size_t)r.n * r.c, 1e-5, "v3 vs base", 0);
+    for (int pi = 1; pi < n_paths; pi++) {
+        ck_assert_mem_eq(g[0].topk, g[pi].topk, (size_t)tc.heads * r.m * r.k * sizeof(int32_t));
+        ck_assert_mem_eq(g[0].route, g[pi].route, (size_t)tc.heads * r.n * sizeof(int32_t));
+        char what[32];
+        snprintf(what, sizeof what, "%s vs base", cpu_path_name((ms_cpu_path)pi));
+        check_close_case(g[pi].out, o, (size_t)r.n * r.c, 1e-5, what, 0);
+    }
     free(o);
-    got_free(&g[0]), got_free(&g[1]);
+    for (int pi = 0; pi < n_paths; pi++) got_free(&g[pi]);
     ref_free(&r);
     free(qkv);
     ck_assert_int_eq(cpu_path_set(start), MS_OK);

@@ -176,4 +176,9 @@ void set_threads(int t)
 #endif
 }
 
-int cpu_path_count(void) { return cpu_path_supported(MS_CPU_PATH_V3) ? 2 : 1; }
+int cpu_path_count(void)
+{
+    int n = 1; /* the paths are ordered: a CPU runs every path below its best */
+    while (n < MS_CPU_PATH_COUNT && cpu_path_supported((ms_cpu_path)n)) n++;
+    return n;
+}
