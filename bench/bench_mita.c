@@ -2,8 +2,12 @@
  * full attention (op_attention_full) and against OpenBLAS sgemm's rate on
  * GEMMs of the same layer (the qkv projection, (N, C) x (C, 3C), split over
  * the threads as the engine splits it) and on a 1024^3 GEMM, all in one
- * process, interleaved round by round. Random q, k, v in [-1, 1); the token
- * grid is the squarest hp x wp with hp * wp = N.
+ * process, interleaved round by round. As in a layer, each attention reads
+ * the qkv that the projection has just written (random x in [-1, 1), weights
+ * scaled for q, k, v of about unit variance): a round is the projection,
+ * MiTA, the 1024^3 GEMM, MiTA again ("mita_cold": its input and scratch
+ * pushed out of the caches by that GEMM), the projection (untimed) and full
+ * attention. The token grid is the squarest hp x wp with hp * wp = N.
  *
  * Rates are useful FLOPs per second: MiTA per head 2 N d (4 M + 2 k) (probe,
  * summaries, routing, shared output; routed logits and outputs), full
@@ -38,7 +42,8 @@ static double now_ms(void)
 typedef struct {
     int n, heads, d, c, hp, wp, k;
     ms_mita_params p;
-    float *qkv, *out, *wq, *yq, *ga, *gb, *gc; /* layer data, the two GEMMs' operands */
+    float *x /* (n, c) */, *wq /* (3c, c) */, *qkv /* (n, 3c) */, *out /* (n, c) */;
+    float *ga, *gb, *gc; /* (1024, 1024) each */
     ms_arena arena;
     ms_backend be;
 } layer;
@@ -74,12 +79,14 @@ static void layer_init(layer *l, int n, int heads, int d, int grid, int topk, in
     int gh, gw;
     mita_clamp(&gh, &gw, &l->k, l->hp, l->wp, &l->p);
     int c = l->c;
+    l->x = alloc_f((size_t)n * c);
+    l->wq = alloc_f((size_t)3 * c * c);
     l->qkv = alloc_f((size_t)n * 3 * c);
     l->out = alloc_f((size_t)n * c);
-    l->wq = alloc_f((size_t)3 * c * c);
-    l->yq = alloc_f((size_t)n * 3 * c);
-    fill(l->qkv, (size_t)n * 3 * c, 7u + (uint32_t)n);
+    fill(l->x, (size_t)n * c, 7u + (uint32_t)n);
     fill(l->wq, (size_t)3 * c * c, 11u);
+    /* uniform [-1, 1) has variance 1/3: q, k, v = x W^T of variance 1 */
+    for (size_t i = 0; i < (size_t)3 * c * c; i++) l->wq[i] *= sqrtf(3.0f / c) * sqrtf(3.0f);
     l->ga = alloc_f((size_t)GEMM_SIDE * GEMM_SIDE);
     l->gb = alloc_f((size_t)GEMM_SIDE * GEMM_SIDE);
     l->gc = alloc_f((size_t)GEMM_SIDE * GEMM_SIDE);
@@ -96,7 +103,7 @@ static void layer_init(layer *l, int n, int heads, int d, int grid, int topk, in
 
 static void layer_free(layer *l)
 {
-    ms_free(l->qkv), ms_free(l->out), ms_free(l->wq), ms_free(l->yq);
+    ms_free(l->x), ms_free(l->wq), ms_free(l->qkv), ms_free(l->out);
     ms_free(l->ga), ms_free(l->gb), ms_free(l->gc);
     arena_free(&l->arena);
 }
@@ -110,8 +117,9 @@ static double flops_full(const layer *l) { return 4.0 * l->n * (double)l->n * l-
 static double flops_qkv(const layer *l) { return 2.0 * l->n * (double)l->c * 3 * l->c; }
 static double flops_sq(void) { return 2.0 * GEMM_SIDE * GEMM_SIDE * (double)GEMM_SIDE; }
 
-enum { T_MITA, T_FULL, T_QKV, T_SQ, N_TIMED };
-static const char *const timed_names[N_TIMED] = {"mita", "full", "gemm_qkv", "gemm_1024"};
+enum { T_MITA, T_FULL, T_QKV, T_SQ, T_MITA_COLD, N_TIMED };
+static const char *const timed_names[N_TIMED] = {"mita", "full", "gemm_qkv", "gemm_1024",
+                                                 "mita_cold"};
 
 /* One timed run of item `which`; ms. */
 static double run_one(layer *l, int which)
@@ -120,12 +128,13 @@ static double run_one(layer *l, int which)
     ms_status st = MS_OK;
     switch (which) {
     case T_MITA:
+    case T_MITA_COLD:
         st = op_mita(&l->be, l->out, l->qkv, l->hp, l->wp, l->c, l->heads, &l->p, NULL);
         break;
     case T_FULL: st = op_attention_full(&l->be, l->out, l->qkv, l->n, l->c, l->heads); break;
-    case T_QKV:
-        gemm_cpu(l->yq, l->qkv, l->wq, l->n, 3 * l->c, l->c, false, true, 3 * l->c, l->c,
-                 3 * l->c, 1.0f, 0.0f);
+    case T_QKV: /* the layer's projection: writes the attention's input */
+        gemm_cpu(l->qkv, l->x, l->wq, l->n, 3 * l->c, l->c, false, true, l->c, l->c, 3 * l->c,
+                 1.0f, 0.0f);
         break;
     default:
         gemm_cpu(l->gc, l->ga, l->gb, GEMM_SIDE, GEMM_SIDE, GEMM_SIDE, false, false, GEMM_SIDE,
@@ -138,9 +147,25 @@ static double run_one(layer *l, int which)
     return now_ms() - t0;
 }
 
+/* One round (see the top), or `only` alone, back to back; t[w] and ran[w]
+ * for each item timed. with_full: full attention too. */
+static void run_round(layer *l, int only, bool with_full, double *t /* (N_TIMED) */,
+                      bool *ran /* (N_TIMED) */)
+{
+    static const int order[] = {T_QKV, T_MITA, T_SQ, T_MITA_COLD, T_FULL};
+    for (int w = 0; w < N_TIMED; w++) ran[w] = false;
+    for (size_t i = 0; i < sizeof order / sizeof *order; i++) {
+        int w = order[i];
+        if ((only >= 0 && w != only) || (w == T_FULL && !with_full)) continue;
+        if (w == T_FULL && only < 0) run_one(l, T_QKV); /* its own fresh input */
+        t[w] = run_one(l, w);
+        ran[w] = true;
+    }
+}
+
 static double flops_of(const layer *l, int which)
 {
-    return which == T_MITA ? flops_mita(l)
+    return which == T_MITA || which == T_MITA_COLD ? flops_mita(l)
            : which == T_FULL ? flops_full(l)
            : which == T_QKV  ? flops_qkv(l)
                              : flops_sq();
@@ -206,7 +231,7 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: bench_mita [--n 1024,4096,16384] [--heads 3,6] [--d 64] [--grid 7]"
                     " [--topk 49] [--threads 2] [--repeat 7] [--full-repeat R] [--full-max N]"
-                    " [--only mita|full|gemm_qkv|gemm_1024] [--serve]\n");
+                    " [--only mita|full|gemm_qkv|gemm_1024|mita_cold] [--serve]\n");
             return 2;
         }
     }
@@ -229,13 +254,13 @@ int main(int argc, char **argv)
         while (fgets(line, sizeof line, stdin) && sscanf(line, "%d %d", &n, &h) == 2) {
             layer l;
             layer_init(&l, n, h, d, grid, topk, threads);
-            run_one(&l, T_MITA); /* warm-up: arena pages, caches */
+            double t[N_TIMED];
+            bool ran[N_TIMED];
+            run_round(&l, -1, false, t, ran); /* warm-up: arena pages, caches */
+            run_round(&l, -1, n <= full_max, t, ran);
             printf("{\"n\": %d, \"heads\": %d", n, h);
-            for (int w = 0; w < N_TIMED; w++) {
-                if (w == T_FULL && n > full_max) continue;
-                double ms = run_one(&l, w);
-                printf(", \"%s_ms\": %.3f", timed_names[w], ms);
-            }
+            for (int w = 0; w < N_TIMED; w++)
+                if (ran[w]) printf(", \"%s_ms\": %.3f", timed_names[w], t[w]);
             printf("}\n");
             fflush(stdout);
             layer_free(&l);
@@ -252,14 +277,15 @@ int main(int argc, char **argv)
             double t[N_TIMED][64];
             int cnt[N_TIMED] = {0};
             int reps = repeat > 64 ? 64 : repeat;
-            for (int w = 0; w < N_TIMED; w++) /* warm-up */
-                if (only < 0 || only == w) run_one(&l, w == T_FULL ? T_MITA : w);
-            for (int r = 0; r < reps; r++)
-                for (int w = 0; w < N_TIMED; w++) {
-                    if (only >= 0 && only != w) continue;
-                    if (w == T_FULL && (l.n > full_max || r >= full_repeat)) continue;
-                    t[w][cnt[w]++] = run_one(&l, w);
-                }
+            double tr[N_TIMED];
+            bool ran[N_TIMED];
+            run_one(&l, T_QKV);                  /* the input */
+            run_round(&l, only, false, tr, ran); /* warm-up: arena pages, caches */
+            for (int r = 0; r < reps; r++) {
+                run_round(&l, only, l.n <= full_max && r < full_repeat, tr, ran);
+                for (int w = 0; w < N_TIMED; w++)
+                    if (ran[w]) t[w][cnt[w]++] = tr[w];
+            }
             result *o = &res[hi][ni];
             printf("{\"n\": %d, \"heads\": %d, \"d\": %d, \"m\": %d, \"k\": %d, \"threads\": %d",
                    l.n, l.heads, d, l.p.gh * l.p.gw, l.k, threads);
@@ -280,15 +306,17 @@ int main(int argc, char **argv)
         }
 
     printf("\n| heads | N | MiTA ms min / med | GF/s | full ms min / med | GF/s | full / MiTA |"
-           " sgemm qkv GF/s | sgemm 1024^3 GF/s | MiTA / qkv-GEMM rate |\n"
-           "|---|---|---|---|---|---|---|---|---|---|\n");
+           " sgemm qkv GF/s | sgemm 1024^3 GF/s | MiTA / qkv-GEMM rate | cold MiTA ms min |"
+           " cold / qkv rate |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int hi = 0; hi < nh; hi++)
         for (int ni = 0; ni < nn; ni++) {
             layer l = {.n = ns[ni], .heads = hs[hi], .d = d, .c = hs[hi] * d,
                        .k = topk < ns[ni] ? topk : ns[ni]};
             l.p.gh = l.p.gw = grid;
             const result *o = &res[hi][ni];
-            if (!o->runs[T_MITA] || !o->runs[T_QKV] || !o->runs[T_SQ]) continue;
+            if (!o->runs[T_MITA] || !o->runs[T_QKV] || !o->runs[T_SQ] || !o->runs[T_MITA_COLD])
+                continue;
             double g_m = flops_mita(&l) / o->min[T_MITA] / 1e6;
             double g_q = flops_qkv(&l) / o->min[T_QKV] / 1e6;
             printf("| %d | %d | %.2f / %.2f | %.1f | ", l.heads, l.n, o->min[T_MITA],
@@ -298,8 +326,10 @@ int main(int argc, char **argv)
                        flops_full(&l) / o->min[T_FULL] / 1e6, o->min[T_FULL] / o->min[T_MITA]);
             else
                 printf("- | - | - | ");
-            printf("%.1f | %.1f | %.0f %% |\n", g_q, flops_sq() / o->min[T_SQ] / 1e6,
-                   100.0 * g_m / g_q);
+            double g_c = flops_mita(&l) / o->min[T_MITA_COLD] / 1e6;
+            printf("%.1f | %.1f | %.0f %% | %.2f | %.0f %% |\n", g_q,
+                   flops_sq() / o->min[T_SQ] / 1e6, 100.0 * g_m / g_q, o->min[T_MITA_COLD],
+                   100.0 * g_c / g_q);
         }
     return 0;
 }
