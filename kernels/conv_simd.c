@@ -6,7 +6,8 @@
 
 #include <string.h>
 
-SIMD_256_FN void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */, int n,
+SIMD_256_FN
+void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */, int n,
                                    float bias, ms_act act)
 {
     if (act == MS_ACT_RELU) {
@@ -24,7 +25,8 @@ SIMD_256_FN void MS_SIMD_FN(conv_bias_act_row)(float *dst /* (n) */, const float
     }
 }
 
-SIMD_256_FN void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */,
+SIMD_256_FN
+void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const float *src /* (n) */,
                                        int n, float bias, ms_act act, bool last)
 {
     if (!last) {
@@ -47,7 +49,8 @@ SIMD_256_FN void MS_SIMD_FN(conv_acc_bias_act_row)(float *dst /* (n) */, const f
     }
 }
 
-SIMD_256_FN void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0 /* (n) */,
+SIMD_256_FN
+void MS_SIMD_FN(conv_bias_act_interleave)(float *dst /* (2n) */, const float *t0 /* (n) */,
                                           const float *t1 /* (n) */, int n, float bias,
                                           ms_act act)
 {

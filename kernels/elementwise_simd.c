@@ -4,7 +4,8 @@
 #include "layernorm.h"
 #include "simd_math.h"
 
-SIMD_256_FN void MS_SIMD_FN(ew_bias_act_cols)(float *x, const float *b, int rows, int cols, long ld,
+SIMD_256_FN
+void MS_SIMD_FN(ew_bias_act_cols)(float *x, const float *b, int rows, int cols, long ld,
                                   ms_act act)
 {
     for (int i = 0; i < rows; i++) {

@@ -146,7 +146,8 @@ void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int 
  * higher ones, and the equal ones before it: they have lower positions).
  * 256-bit on v4 too: np = 56 for k = 49 is 3.5 512-bit vectors, and the
  * half-vector tail made it twice as slow (perf, N = 1024). */
-SIMD_256_FN void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
+SIMD_256_FN
+void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
                                 int np)
 {
     for (int i = 0; i < n; i++) {
@@ -179,7 +180,8 @@ static inline float exp2_sum(float *x, int n, float scale, float shift)
  * passes over all m + k (the routed logits come scaled to the shared
  * ones' units), then the shared part's sum when asked. exp2_sum's inlined
  * exp2 was worth it: libmvec's expf was a third of this. */
-SIMD_256_FN void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
+SIMD_256_FN
+void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
                                     float scale)
 {
     int mk = m + k;
