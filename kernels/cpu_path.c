@@ -43,33 +43,24 @@ static bool cpu_has_v4(void)
 }
 #endif
 
-/* Whether this build has the path's kernels (the compiler may lack a
- * -march level; other architectures have the base path only). */
-static bool cpu_path_built(ms_cpu_path p)
+/* -1 where path p's kernels are not in this build (the compiler may lack a
+ * -march level; other architectures have the base path only), else whether
+ * this CPU and OS run them (1) or not (0). */
+static int cpu_path_check(ms_cpu_path p)
 {
     switch (p) {
-    case MS_CPU_PATH_BASE: return true;
+    case MS_CPU_PATH_BASE: return 1;
 #if defined(MS_SIMD_HAVE_V3) && (defined(__x86_64__) || defined(__i386__))
-    case MS_CPU_PATH_V3: return true;
+    case MS_CPU_PATH_V3: return cpu_has_v3();
 #endif
 #if defined(MS_SIMD_HAVE_V4) && (defined(__x86_64__) || defined(__i386__))
-    case MS_CPU_PATH_V4: return true;
+    case MS_CPU_PATH_V4: return cpu_has_v4();
 #endif
-    default: return false;
+    default: return -1;
     }
 }
 
-bool cpu_path_supported(ms_cpu_path p)
-{
-    if (p == MS_CPU_PATH_BASE) return true;
-#if defined(MS_SIMD_HAVE_V3) && (defined(__x86_64__) || defined(__i386__))
-    if (p == MS_CPU_PATH_V3) return cpu_has_v3();
-#endif
-#if defined(MS_SIMD_HAVE_V4) && (defined(__x86_64__) || defined(__i386__))
-    if (p == MS_CPU_PATH_V4) return cpu_has_v4();
-#endif
-    return false;
-}
+bool cpu_path_supported(ms_cpu_path p) { return cpu_path_check(p) > 0; }
 
 const char *cpu_path_name(ms_cpu_path p)
 {
@@ -102,7 +93,7 @@ ms_status cpu_path_set(ms_cpu_path p)
     if (!cpu_path_supported(p))
         return ms_error(MS_ERR_UNSUPPORTED, "cpu path %s: not supported by this %s",
                         cpu_path_name(p),
-                        cpu_path_built(p) ? "CPU" : "build");
+                        cpu_path_check(p) < 0 ? "build" : "CPU");
     cpu_path_current = p;
     return MS_OK;
 }
