@@ -460,9 +460,9 @@ def main():
             for r in rows:
                 info = r["info"]
                 if "openblas" in info:
-                    libs["mitaseg"] = "mitaseg %s (%s build; %s)" % (
+                    libs["mitaseg"] = "mitaseg %s (%s build, %s CPU kernels; %s)" % (
                         report["mitaseg"], "CUDA-enabled" if info["cuda_linked"] else "CPU-only",
-                        info["openblas"])
+                        info.get("cpu_path", "?"), info["openblas"])
                 elif r["contender"].startswith("ONNX"):
                     libs[r["contender"]] = "%s (CPU EP, intra-op %d, inter-op 1, all graph " \
                         "optimisations; opset 17 export)" % (r["contender"], args.threads)

@@ -17,6 +17,7 @@
 #include <cblas.h>
 
 #include "app/engine.h"
+#include "kernels/cpu_path.h"
 
 static double now_ms(void)
 {
@@ -52,8 +53,9 @@ static int serve(ms_engine *e, ms_result *res, const ms_image *img, const ms_run
 #else
     const char *cuda = "false";
 #endif
-    printf("{\"ready\": true, \"openblas\": \"%s\", \"core\": \"%s\", \"cuda_linked\": %s}\n",
-           openblas_get_config(), openblas_get_corename(), cuda);
+    printf("{\"ready\": true, \"openblas\": \"%s\", \"core\": \"%s\", \"cuda_linked\": %s, "
+           "\"cpu_path\": \"%s\"}\n",
+           openblas_get_config(), openblas_get_corename(), cuda, cpu_path_name(cpu_path_get()));
     fflush(stdout);
     char line[4096];
     while (fgets(line, sizeof line, stdin)) {

@@ -170,6 +170,9 @@ class ExportOnnxTest(unittest.TestCase):
                 self.assertLess(row["rel_error"], 1e-4)
                 self.assertEqual(row["mask_equal_pct"], 100.0)
         self.assertIn("| full | mitaseg |", r.stdout)
+        # the header names the CPU kernels the engine ran (kernels/cpu_path.h)
+        self.assertRegex(r.stdout, r"Versions: mitaseg \S+ \((CUDA-enabled|CPU-only) build, "
+                                   r"(base|v3|v4) CPU kernels; OpenBLAS")
 
 
 if __name__ == "__main__":
