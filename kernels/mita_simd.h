@@ -1,6 +1,6 @@
 /* Row loops of MiTA on the CPU (kernels/mita.c), built once per CPU path
  * (cpu_path.h). What the selections use is exact (compares, maxima,
- * element-wise adds, integer counts), so both paths give the same
+ * element-wise adds, integer counts), so every path gives the same
  * landmarks, routes and routed sets; the softmax sums are reassociated
  * (the paths' outputs agree to float rounding). */
 #ifndef MS_MITA_SIMD_H

@@ -9,7 +9,7 @@
  * infinities, NaNs, k up to n), and the vector row helpers
  * (kernels/mita_simd.c: keys, counts, ranking, routes, joint softmax,
  * gathers) on
- * both CPU paths against plain loops. CMake runs this file once more with
+ * every CPU path against plain loops. CMake runs this file once more with
  * MS_CPU_PATH=base. */
 #include <math.h>
 #include <stdio.h>
@@ -432,7 +432,7 @@ START_TEST(test_mita_topk_rows_paths)
 {
     /* mita_topk_row against sorting every (topk_key, position) composite:
      * the exact order (higher first, ties to the lower position, NaNs by
-     * their bits), on both CPU paths; rows up to 4100, k from 1 to n, past
+     * their bits), on every CPU path; rows up to 4100, k from 1 to n, past
      * 128 (a sort, not the ranking). */
     const int ns[] = {1, 2, 7, 49, 50, 97, 690, 1024, 2049, 3001, 4100};
     const int ks[] = {1, 2, 7, 48, 49, 128, 129, 400};
