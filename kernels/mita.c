@@ -1,14 +1,14 @@
 /* MiTA attention on the CPU (spec section 2), in one parallel region with
- * one barrier (each region start and barrier costs wake-ups, and a busy
- * 2-core machine can stretch one to a time slice). Each thread first pools
- * all landmarks into a copy of its own (tens of microseconds at N ~ 1000,
- * a few percent of the layer). Phase 1, items taken dynamically: (head,
- * group of experts): probe P = L K^T for the group's rows, per row the
- * top-k by a search on order-preserving keys, 2^(P s log2(e) - max) and
- * the shared summaries Sv = softmax(P s) V; (head, block of queries):
- * routing logits R = Q L^T and routes. Barrier. Phase 2: each head's
- * queries, counting-sorted by routed expert, in fixed chunks taken
- * dynamically; each expert's k keys and values are gathered once into
+ * no barrier inside (each region start and barrier costs wake-ups, and a
+ * busy 2-core machine can stretch one to a time slice). The threads take
+ * items from one list, in order, each waiting only for the items it reads:
+ * the landmarks by grid row (adaptive average pool of q); phase 1, head by
+ * head: (head, group of experts): probe P = L K^T for the group's rows,
+ * per row the top-k by a search on order-preserving keys, 2^(P s log2(e)
+ * - max) and the shared summaries Sv = softmax(P s) V; (head, block of
+ * queries): routing logits R = Q L^T and routes. Phase 2: each head's
+ * queries, counting-sorted by routed expert, in fixed chunks; each
+ * expert's k keys and values are gathered once into
  * contiguous rows, so that for a block of its queries the routed logits
  * are one GEMM (nq x k), and the joint softmax's output one more: the
  * weights 2^(logit - row max) over [shared | routed] (nq x (M + k), one
@@ -25,14 +25,19 @@
 #include "mita_cuda_math.h" /* topk_key, topk_composite */
 #include "mita_simd.h"
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h> /* _mm_pause */
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 /* Phase 1 items: queries per routing item (at most). Routing items are
- * small: they fill the threads' ends after the experts' items. */
+ * small: they keep the other threads busy while one runs a head's experts. */
 #define MITA_RB 128
 /* Experts' summary GEMMs (rows x d x n) in row blocks of at most
  * MITA_SB rows and MITA_SB_MNK multiply-adds where that allows blocks of
@@ -67,12 +72,14 @@ typedef struct {
     float *sv;      /* (heads, m, d) shared summaries */
     int32_t *idx;   /* (heads, m, k) routed sets, best first */
     int32_t *route; /* (heads, n) expert of each query */
-    float *thread;  /* (chunks, thread_layout bytes) landmarks, sort and work buffers */
+    float *land;    /* (m, c) landmarks, all heads */
+    float *thread;  /* (chunks, thread_layout bytes) sort and work buffers */
+    atomic_int *next; /* the next item to take */
+    atomic_int *done; /* (heads + 1) phase 1 items finished per head, then landmark rows */
 } mita_ws;
 
 /* One thread's share of the workspace. */
 typedef struct {
-    float *land;    /* (m, c) landmarks, all heads */
     int32_t *order; /* (n) queries of one head sorted by expert (stable) */
     int *counts;    /* (m) queries per expert */
     int *starts;    /* (m) first position of each expert's queries in order */
@@ -124,7 +131,6 @@ static size_t thread_layout(mita_thread *th, void *base, int n, int c, int heads
     int groups = expert_groups(m, heads, chunks);
     uint8_t *b = (uint8_t *)base;
     size_t off = 0;
-    th->land = carve(b, &off, (size_t)m * c * sizeof(float));
     th->order = carve(b, &off, (size_t)n * sizeof(int32_t));
     th->counts = carve(b, &off, (size_t)m * sizeof(int));
     th->starts = carve(b, &off, (size_t)m * sizeof(int));
@@ -146,8 +152,11 @@ static size_t mita_layout(mita_ws *w, void *base, int n, int c, int heads, int m
     w->sv = carve(b, &off, (size_t)heads * m * d * sizeof(float));
     w->idx = carve(b, &off, (size_t)heads * m * k * sizeof(int32_t));
     w->route = carve(b, &off, (size_t)heads * n * sizeof(int32_t));
+    w->land = carve(b, &off, (size_t)m * c * sizeof(float));
     w->thread =
         carve(b, &off, (size_t)chunks * thread_layout(&th, NULL, n, c, heads, m, k, chunks));
+    w->next = carve(b, &off, sizeof(atomic_int));
+    w->done = carve(b, &off, ((size_t)heads + 1) * sizeof(atomic_int));
     return off;
 }
 
@@ -268,14 +277,14 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
     }
 }
 
-/* L = adaptive average pool of q (all c channels) to (gh, gw); qkv: the grid
- * tokens only (spec 2.7: the class token is not pooled). */
+/* Row gy of L = adaptive average pool of q (all c channels) to (gh, gw);
+ * qkv: the grid tokens only (spec 2.7: the class token is not pooled). */
 static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp*wp, 3c) */,
-                           int hp, int wp, int c, int gh, int gw)
+                           int hp, int wp, int c, int gh, int gw, int gy)
 {
     size_t ld = 3 * (size_t)c;
-    for (int mi = 0; mi < gh * gw; mi++) {
-        int gy = mi / gw, gx = mi % gw;
+    for (int mi = gy * gw; mi < (gy + 1) * gw; mi++) {
+        int gx = mi % gw;
         int y0 = adaptive_pool_start(gy, hp, gh), y1 = adaptive_pool_end(gy, hp, gh);
         int x0 = adaptive_pool_start(gx, wp, gw), x1 = adaptive_pool_end(gx, wp, gw);
         float *l = land + (size_t)mi * c;
@@ -338,6 +347,22 @@ static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */,
                 qkv + (size_t)q0 * ld + (size_t)h * d, (int)ld, land + (size_t)h * d, c, 0.0f, r,
                 m);
     mita_argmax_rows(w->route + (size_t)h * n + q0, r, q1 - q0, m);
+}
+
+/* Waits until *count reaches want: spins briefly (the items waited for
+ * are in progress on other threads), then yields the core, which the
+ * thread waited for may need on a busy machine. */
+static void mita_wait_count(atomic_int *count, int want)
+{
+    for (int spins = 0; atomic_load_explicit(count, memory_order_acquire) < want; spins++) {
+        if (spins < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+            _mm_pause();
+#endif
+        } else {
+            sched_yield();
+        }
+    }
 }
 
 /* Counting sort of head h's queries by expert (stable: ascending query
@@ -424,6 +449,9 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     /* Each thread runs single-threaded GEMMs on its items (see
      * attention_full.c for why). */
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
+    int per_head = groups + blocks, total = gh + items + heads * pchunks;
+    atomic_init(w.next, 0);
+    for (int h = 0; h <= heads; h++) atomic_init(&w.done[h], 0);
 #pragma omp parallel num_threads(chunks)
     {
         int t = 0;
@@ -431,29 +459,39 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
         t = omp_get_thread_num();
 #endif
         mita_thread th = thread_share(&w, t, n, c, heads, m, k, chunks);
-        mita_landmarks(th.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw);
-        /* phase 1: the experts' items first (the larger ones), then the
-         * routing blocks; the loop's end is the one barrier */
-#pragma omp for schedule(dynamic)
-        for (int it = 0; it < items; it++) {
-            if (it < heads * groups) {
-                int h = it / groups, g = it % groups;
-                mita_experts(&w, qkv, th.land, n, ncls, c, d, h, m, k, m * g / groups,
-                             m * (g + 1) / groups, rec, th.work);
-            } else {
-                int h = (it - heads * groups) / blocks, b = (it - heads * groups) % blocks;
-                mita_route(&w, qkv, th.land, n, c, d, h, m, (int)((long)n * b / blocks),
-                           (int)((long)n * (b + 1) / blocks));
-            }
-        }
-        /* phase 2: each head's expert-sorted queries in chunks taken
-         * dynamically (a thread that the machine holds back leaves the rest
-         * to the others); each thread sorts a head's queries itself */
         int sorted = -1; /* the head whose order th holds */
-#pragma omp for schedule(dynamic) nowait
-        for (int it = 0; it < heads * pchunks; it++) {
-            int h = it / pchunks, pc = it % pchunks;
+        /* One list of items, taken in order: the landmarks by grid row;
+         * phase 1, head by head (its expert groups, then its routing
+         * blocks); phase 2, each head's expert-sorted queries in fixed
+         * chunks. An item waits only for the items it reads: phase 1 for
+         * the landmarks, phase 2 for its head's phase 1. Items are taken
+         * in order, so the wait is for items in progress on other threads
+         * (barriers between the phases left a thread idle for 7-8 % of
+         * the layer; each thread pooling every landmark itself read all
+         * of q once per thread: 7 % of the layer at N = 16384). */
+        for (int it; (it = atomic_fetch_add_explicit(w.next, 1, memory_order_relaxed)) < total;) {
+            if (it < gh) {
+                mita_landmarks(w.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw, it);
+                atomic_fetch_add_explicit(&w.done[heads], 1, memory_order_release);
+                continue;
+            }
+            int i = it - gh;
+            if (i < items) {
+                int h = i / per_head, j = i % per_head;
+                mita_wait_count(&w.done[heads], gh);
+                if (j < groups)
+                    mita_experts(&w, qkv, w.land, n, ncls, c, d, h, m, k, m * j / groups,
+                                 m * (j + 1) / groups, rec, th.work);
+                else
+                    mita_route(&w, qkv, w.land, n, c, d, h, m,
+                               (int)((long)n * (j - groups) / blocks),
+                               (int)((long)n * (j - groups + 1) / blocks));
+                atomic_fetch_add_explicit(&w.done[h], 1, memory_order_release);
+                continue;
+            }
+            int h = (i - items) / pchunks, pc = (i - items) % pchunks;
             int q0 = (int)((long)n * pc / pchunks), q1 = (int)((long)n * (pc + 1) / pchunks);
+            mita_wait_count(&w.done[h], per_head);
             if (h != sorted) mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
             sorted = h;
             mita_routed(out, qkv, &w, &th, n, ncls, c, d, h, m, k, s_shared, rec, q0, q1);
