@@ -102,13 +102,33 @@ size_t mita_topk_floats(int n, int k)
     return 3 * (size_t)n + 8 + 1 + 2 * (size_t)k;
 }
 
+/* Rows of a summary GEMM block: from n and d only, so that every GEMM's
+ * shape, and so its rounding, is the same whatever the thread count
+ * (OpenBLAS's sum over n depends on the rows in the call). */
+static int summary_rows(int m, int n, int d)
+{
+    long sb = MITA_SB_MNK / ((long)d * n);
+    return sb < 4 ? m : (int)(sb > MITA_SB ? MITA_SB : sb);
+}
+
 /* Expert items per head: at least one per thread, else as few as possible
  * (one probe GEMM over all m landmarks runs 30 % faster than over 16 of
- * them three times: K is packed once). */
-static int expert_groups(int m, int heads, int chunks)
+ * them three times: K is packed once); whole summary blocks each. */
+static int expert_groups(int m, int n, int d, int heads, int chunks)
 {
+    int sb = summary_rows(m, n, d), blocks = (m + sb - 1) / sb;
     int g = (chunks + heads - 1) / heads;
-    return g < 1 ? 1 : (g > m ? m : g);
+    return g < 1 ? 1 : (g > blocks ? blocks : g);
+}
+
+/* Experts [*e0, *e1) of group j of groups: summary blocks [j B / groups,
+ * (j + 1) B / groups) of the B blocks. */
+static void expert_group_rows(int *e0, int *e1, int j, int groups, int m, int n, int d)
+{
+    int sb = summary_rows(m, n, d), blocks = (m + sb - 1) / sb;
+    int b0 = (int)((long)blocks * j / groups), b1 = (int)((long)blocks * (j + 1) / groups);
+    *e0 = b0 * sb;
+    *e1 = b1 * sb < m ? b1 * sb : m;
 }
 
 /* Per-thread work buffer: phase 1, a group's probe rows (g, n), their
@@ -128,7 +148,8 @@ static size_t work_floats(int n, int m, int k, int d, int g)
 static size_t thread_layout(mita_thread *th, void *base, int n, int c, int heads, int m, int k,
                             int chunks)
 {
-    int groups = expert_groups(m, heads, chunks);
+    int d = c / heads, groups = expert_groups(m, n, d, heads, chunks), sb = summary_rows(m, n, d);
+    int rows = ((m + sb - 1) / sb + groups - 1) / groups * sb; /* a group's most */
     uint8_t *b = (uint8_t *)base;
     size_t off = 0;
     th->order = carve(b, &off, (size_t)n * sizeof(int32_t));
@@ -136,7 +157,7 @@ static size_t thread_layout(mita_thread *th, void *base, int n, int c, int heads
     th->starts = carve(b, &off, (size_t)m * sizeof(int));
     th->fill = carve(b, &off, (size_t)m * sizeof(int));
     th->work = carve(b, &off,
-                     work_floats(n, m, k, c / heads, (m + groups - 1) / groups) * sizeof(float));
+                     work_floats(n, m, k, d, rows < m ? rows : m) * sizeof(float));
     return off;
 }
 
@@ -325,10 +346,9 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
         sum[e - e0] = mita_exp2_sum(row, n, s2, mx);
     }
     float *sv = w->sv + ((size_t)h * m + e0) * d;
-    long sb = MITA_SB_MNK / ((long)d * n);
-    sb = sb < 4 ? g : (sb > MITA_SB ? MITA_SB : sb);
-    for (int r = 0; r < g; r += (int)sb)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g - r < sb ? g - r : (int)sb, d, n,
+    int sb = summary_rows(m, n, d); /* e0 is a multiple of sb */
+    for (int r = 0; r < g; r += sb)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g - r < sb ? g - r : sb, d, n,
                     1.0f, p + (size_t)r * n, n, qkv + 2 * (size_t)c + (size_t)h * d, (int)ld, 0.0f,
                     sv + (size_t)r * d, d);
     for (int e = 0; e < g; e++)
@@ -442,7 +462,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     mita_ws w;
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
     float s_shared = mita_shared_scale(d, shared_scale_d);
-    int groups = expert_groups(m, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
+    int groups = expert_groups(m, n, d, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
     int items = heads * (groups + blocks), pchunks = (n + MITA_PC / 2) / MITA_PC;
     if (pchunks < 1) pchunks = 1;
 
@@ -479,10 +499,11 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
             if (i < items) {
                 int h = i / per_head, j = i % per_head;
                 mita_wait_count(&w.done[heads], gh);
-                if (j < groups)
-                    mita_experts(&w, qkv, w.land, n, ncls, c, d, h, m, k, m * j / groups,
-                                 m * (j + 1) / groups, rec, th.work);
-                else
+                if (j < groups) {
+                    int e0, e1;
+                    expert_group_rows(&e0, &e1, j, groups, m, n, d);
+                    mita_experts(&w, qkv, w.land, n, ncls, c, d, h, m, k, e0, e1, rec, th.work);
+                } else
                     mita_route(&w, qkv, w.land, n, c, d, h, m,
                                (int)((long)n * (j - groups) / blocks),
                                (int)((long)n * (j - groups + 1) / blocks));

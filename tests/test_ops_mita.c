@@ -4,7 +4,8 @@
  * products, one joint softmax), in double, top-k by repeated selection.
  * Odd sizes, head dims that are no multiple of 8, 1 to 6 heads, class token
  * on and off, experts with no query, all queries in one expert, k = n,
- * exact ties, 1 and 2 threads (bit-identical);
+ * exact ties, 1 to 4 threads (bit-identical; 4 on 2 cores also has a
+ * thread wait for an item that a descheduled one holds);
  * the top-k row alone against a full sort of its keys (ties, signed zeros,
  * infinities, NaNs, k up to n), and the vector row helpers
  * (kernels/mita_simd.c: keys, counts, ranking, routes, joint softmax,
@@ -189,8 +190,8 @@ static int check_case(const float *qkv, const mita_case *tc, int cs)
 {
     ref_result r = mita_reference(qkv, tc);
     int empty = 0;
-    float *one = NULL; /* the 1-thread outputs: 2 threads give the same bits */
-    for (int chunks = 1; chunks <= 2; chunks++) {
+    float *one = NULL; /* the 1-thread outputs: more threads give the same bits */
+    for (int chunks = 1; chunks <= 4; chunks++) {
         got_result g = mita_run(qkv, tc, &r, chunks);
         if (chunks == 1) {
             one = falloc((size_t)r.n * r.c);
@@ -313,13 +314,16 @@ END_TEST
 START_TEST(test_mita_op_threads)
 {
     /* Through op_mita (the workspace sized by mita_scratch_bytes from the
-     * backend's thread count), 1 and 2 threads: same routes and sets. */
+     * backend's thread count), 1 to 5 threads: same routes and sets, and
+     * the same bits as with 1 (5 threads on 3 heads split each head's
+     * experts in two). */
     const mita_case tc = {13, 17, 0, 3, 12, 7, 7, 49, true};
     int n = tc.hp * tc.wp, c = tc.heads * tc.d;
     float *qkv = qkv_random(&tc, 800u);
     ref_result r = mita_reference(qkv, &tc);
     ms_mita_params p = {tc.gh, tc.gw, tc.k, tc.scale_d, 0};
-    for (int threads = 1; threads <= 2; threads++) {
+    float *one = xcalloc((size_t)n * c, sizeof(float));
+    for (int threads = 1; threads <= 5; threads++) {
         ms_backend be = {.device = MS_DEVICE_CPU, .threads = threads};
         got_result g = {xcalloc((size_t)n * c, sizeof(float)),
                         xcalloc((size_t)tc.heads * n, sizeof(float)),
@@ -330,8 +334,11 @@ START_TEST(test_mita_op_threads)
         ck_assert_mem_eq(g.topk, r.topk, (size_t)tc.heads * r.m * r.k * sizeof(int32_t));
         ck_assert_mem_eq(g.route, r.route, (size_t)tc.heads * n * sizeof(int32_t));
         check_close_case(g.out, r.out, (size_t)n * c, 2e-5, "op out", threads);
+        if (threads == 1) memcpy(one, g.out, (size_t)n * c * sizeof(float));
+        ck_assert_mem_eq(g.out, one, (size_t)n * c * sizeof(float));
         got_free(&g);
     }
+    free(one);
     ref_free(&r);
     free(qkv);
 }
