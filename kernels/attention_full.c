@@ -77,11 +77,16 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
 }
 
 /* Query blocks per head: the fewest of at most qb queries, or up to 4x as
- * many where (head, block) items would leave threads idle at the end: at
- * n = 690 (a CamVid frame) one block per head is 3 items for 2 threads, a
- * third of the second thread's time idle; 2 blocks per head are 6 items. */
-static int query_blocks(int n, int heads, int qb, int chunks)
+ * many where (head, block) items would leave one of 2 threads idle at the
+ * end: at n = 690 (a CamVid frame) one block per head is 3 items, a third
+ * of the second thread's time idle; 2 blocks per head are 6 items. Cut for
+ * 2 threads whatever the thread count, so that the blocks, and so the
+ * bits, never depend on it (OpenBLAS's sums depend on the rows of a
+ * call: with the blocks cut for 4 threads some outputs differed in the
+ * last bit). */
+static int query_blocks(int n, int heads, int qb)
 {
+    const int chunks = 2;
     int nb0 = (n + qb - 1) / qb, best = nb0;
     double best_use = 0.0;
     for (int nb = nb0; nb <= 4 * nb0 && nb <= n; nb++) {
@@ -103,7 +108,7 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
     if (kb > n) kb = n;
     int d = c / heads;
     size_t stride = chunk_floats(qb, kb); /* per thread, as scratch_floats counted */
-    int qblocks = query_blocks(n, heads, qb, chunks);
+    int qblocks = query_blocks(n, heads, qb);
     qb = (n + qblocks - 1) / qblocks;
     qblocks = (n + qb - 1) / qb;
     int items = heads * qblocks;

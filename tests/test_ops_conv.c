@@ -7,8 +7,9 @@
  * counts that are not multiples of 8), stride 1 and 2, pad 0/1/3, kernels
  * 1, 3 and 7, bias on and off, every activation; workspaces from the sizing
  * function down to one im2col row (many bands, fewer threads, the fallback
- * from implicit to im2col); 1, 2 and 3 threads; every CPU path this machine
- * has (and CMake runs the file again with MS_CPU_PATH=base).
+ * from implicit to im2col); 1, 2 and 3 threads, and each kind's bits the
+ * same at 1 to 4; every CPU path this machine has (and CMake runs the file
+ * again with MS_CPU_PATH=base).
  *
  * Every workspace is filled with NaN (a junk value that reached an output
  * would show) and followed by guard floats that must stay untouched (the
@@ -219,6 +220,46 @@ START_TEST(test_conv2d_nested)
 }
 END_TEST
 
+/* The thread count moves the band edges, never an output's bits: each
+ * conv kind (pointwise, stride 2, implicit GEMM, Winograd) at 1 to 4
+ * threads with its sized workspace, byte for byte against 1 thread. */
+START_TEST(test_conv2d_same_bits_any_threads)
+{
+    const struct {
+        int ci, h, wd, co, k, st, pad;
+    } cs[] = {
+        {24, 30, 41, 20, 1, 1, 0},  /* pointwise: a GEMM in column chunks */
+        {12, 40, 96, 10, 3, 2, 1},  /* stride 2 */
+        {12, 40, 96, 10, 3, 1, 1},  /* implicit GEMM, many bands */
+        {40, 46, 61, 36, 3, 1, 1},  /* Winograd, 3 tile rows short of 12 x 16 */
+        {40, 9, 200, 36, 3, 1, 1},  /* Winograd, 3 tile rows of 50 */
+    };
+    int start_threads = max_threads();
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        int ci = cs[i].ci, h = cs[i].h, wd = cs[i].wd, co = cs[i].co, k = cs[i].k;
+        int st = cs[i].st, pad = cs[i].pad;
+        size_t no = (size_t)co * conv_out_size(h, k, st, pad) * conv_out_size(wd, k, st, pad);
+        float *in = frand((size_t)ci * h * wd, 4000 + (uint32_t)i, -1.0f, 1.0f);
+        float *w = frand((size_t)co * ci * k * k, 4100 + (uint32_t)i, -1.0f, 1.0f);
+        float *b = frand(co, 4200 + (uint32_t)i, -1.0f, 1.0f), *one = falloc(no);
+        for (int t = 1; t <= 4; t++) {
+            set_threads(t);
+            size_t n = conv2d_scratch_floats(ci, h, wd, co, k, k, st, pad);
+            float *ws = n ? ws_alloc(n) : NULL, *out = t == 1 ? one : falloc(no);
+            conv2d_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, MS_ACT_RELU, ws, n);
+            if (t > 1) {
+                ck_assert_msg(memcmp(out, one, no * sizeof(float)) == 0,
+                              "conv case %zu: %d threads differ from 1", i, t);
+                ms_free(out);
+            }
+            if (ws) ws_check_free(ws, n, "same bits");
+        }
+        ms_free(in); ms_free(w); ms_free(b); ms_free(one);
+    }
+    set_threads(start_threads);
+}
+END_TEST
+
 /* The Winograd F(4x4, 3x3) path on its own at every size (conv2d_cpu takes
  * it only from 32 channels and 12 tiles up): heights and widths of every
  * residue mod 4 (a last tile with one, two or three rows or columns),
@@ -355,6 +396,7 @@ int main(void)
     tcase_add_test(tc, test_conv2d_paths);
     tcase_add_test(tc, test_conv2d_many_bands);
     tcase_add_test(tc, test_conv2d_nested);
+    tcase_add_test(tc, test_conv2d_same_bits_any_threads);
     tcase_add_test(tc, test_conv2d_winograd);
     tcase_add_test(tc, test_conv_transpose_paths);
     suite_add_tcase(s, tc);
