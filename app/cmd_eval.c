@@ -28,7 +28,10 @@ static const char eval_help[] =
     "  --list FILE             lines 'IMAGE LABEL', paths relative to FILE's folder\n"
     "  --images DIR            images (PNG/JPEG, sub-folders included), paired with\n"
     "  --labels DIR            labels of the same relative name with .png\n"
-    "  --json FILE             also write the metrics as JSON\n"
+    "  --json FILE             also write the metrics as JSON (with the confusion\n"
+    "                          matrix in pixels)\n"
+    "  --confusion             also print the confusion matrix: per labelled class\n"
+    "                          (row), the % of its pixels predicted as each class\n"
     "  --limit N               only the first N pairs\n"
     "  --tile SIZE             sliding windows, logits averaged (see segment --help)\n"
     "  --overlap PX            overlap between windows (default SIZE/4)\n"
@@ -229,13 +232,42 @@ static void print_pct(double v)
     else printf(" %7.2f", 100.0 * v);
 }
 
+/* Rows = labelled class, columns = predicted class (by number), each cell
+ * the % of the row's pixels; '.' for none, '-' for a row never labelled.
+ * The last column is the class's predicted pixels over its labelled ones:
+ * above 1, the class is painted where it is not. */
+static void print_confusion(const ms_confusion *c, const ms_metrics *m,
+                            const char (*names)[64])
+{
+    const int nc = c->n_classes;
+    printf("\nconfusion: %% of each labelled class's pixels (row) predicted as each "
+           "class (column)\n%-24s", "");
+    for (int q = 0; q < nc; q++) printf(" %5d", q);
+    printf("  pred/label\n");
+    for (int l = 0; l < nc; l++) {
+        char name[20];
+        snprintf(name, sizeof name, "%s", names[l]);
+        printf("%3d %-20s", l, name);
+        for (int q = 0; q < nc; q++) {
+            uint64_t v = c->cm[(size_t)l * nc + q];
+            if (!m->label_px[l]) printf(" %5s", "-");
+            else if (!v) printf(" %5s", ".");
+            else printf(" %5.1f", 100.0 * (double)v / (double)m->label_px[l]);
+        }
+        if (m->label_px[l])
+            printf("  %10.2f\n", (double)m->pred_px[l] / (double)m->label_px[l]);
+        else
+            printf("  %10s\n", "-");
+    }
+}
+
 int cmd_eval(int argc, char **argv)
 {
     cli_engine_args ea;
     cli_engine_args_init(&ea);
     const char *list = NULL, *images = NULL, *labels = NULL, *json = NULL;
     int tile = 0, overlap = -1, limit = 0;
-    bool quiet = false;
+    bool quiet = false, confusion = false;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
@@ -247,6 +279,7 @@ int cmd_eval(int argc, char **argv)
         if (k < 0) return 2;
         if (k > 0) continue;
         if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) { quiet = true; continue; }
+        if (!strcmp(o, "--confusion")) { confusion = true; continue; }
         static const char *const valued[] = {"--list", "--images", "--labels", "--json",
                                              "--tile", "--overlap", "--limit", NULL};
         bool known = false;
@@ -402,6 +435,10 @@ int cmd_eval(int argc, char **argv)
     print_pct(m.miou);
     printf("\n%-24s", "mAcc");
     print_pct(m.macc);
+    if (confusion) {
+        putchar('\n');
+        print_confusion(&cm, &m, cfg->class_names);
+    }
     printf("\n\n%d image%s evaluated%s", done, done == 1 ? "" : "s",
            cli_interrupted ? " (interrupted)" : "");
     if (failed) printf(", %d failed", failed);

@@ -136,6 +136,20 @@ ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c
              add_item(o, "label_pixels", cJSON_CreateNumber((double)m->label_px[k])) &&
              add_item(o, "pred_pixels", cJSON_CreateNumber((double)m->pred_px[k]));
     }
+    /* rows = label, columns = prediction, pixels (exact: counts stay far
+     * below 2^53) */
+    cJSON *conf = ok ? cJSON_CreateArray() : NULL;
+    ok = ok && add_item(root, "confusion", conf);
+    for (int l = 0; ok && l < c->n_classes; l++) {
+        cJSON *row = cJSON_CreateArray();
+        ok = row && cJSON_AddItemToArray(conf, row);
+        if (!ok) { cJSON_Delete(row); break; }
+        for (int q = 0; ok && q < c->n_classes; q++) {
+            cJSON *v = cJSON_CreateNumber((double)c->cm[(size_t)l * c->n_classes + q]);
+            ok = v && cJSON_AddItemToArray(row, v);
+            if (!ok) cJSON_Delete(v);
+        }
+    }
     cJSON *px = ok ? cJSON_CreateObject() : NULL;
     ok = ok && add_item(root, "pixels", px);
     ok = ok && add_item(px, "labelled", cJSON_CreateNumber((double)m->labelled)) &&

@@ -45,7 +45,8 @@ void metrics_free(ms_metrics *m);
 
 /* Writes the metrics as JSON (atomically: temp file + rename):
  * {"aAcc", "mIoU", "mAcc" (percent), "classes": [{"name", "IoU", "Acc",
- * "label_pixels", "pred_pixels"}] (null where undefined), "pixels": {...},
+ * "label_pixels", "pred_pixels"}] (null where undefined), "confusion":
+ * [[pixels]] (row = label, column = prediction), "pixels": {...},
  * plus meta pairs {key, value, ..., NULL} as strings and numbers as given
  * (a value that parses fully as a number is written as a number). */
 ms_status metrics_write_json(const char *path, const ms_metrics *m, const ms_confusion *c,

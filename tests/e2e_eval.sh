@@ -34,7 +34,10 @@ ev --list data/shift.txt > out.txt 2>&1
 check "all-wrong labels: mIoU 0, aAcc 0" bash -c "grep -Eq '^mIoU +0\.00$' out.txt && grep -Eq '^aAcc +0\.00$' out.txt"
 
 ev --list data/mix.txt --json mix.json > out.txt 2>&1
-check "half-wrong labels with ignored pixels: metrics as computed in numpy" h json_close mix.json "$(cat expect_a.json)"
+check "half-wrong labels with ignored pixels: metrics and confusion matrix as computed in numpy" \
+    h json_close mix.json "$(cat expect_a.json)"
+ev --list data/same.txt --confusion > out.txt 2>&1
+check "--confusion: own masks as labels, 100 % on the diagonal, pred/label 1" h confusion_diag out.txt
 
 ev --images data/img --labels data/same > out.txt 2>&1
 check "--images/--labels: pairs by name, mIoU 100" grep -Eq '^mIoU +100\.00$' out.txt

@@ -100,13 +100,35 @@ elif cmd == 'labels':                 # labels PRED.png OUT_SAME OUT_SHIFT OUT_M
     miou = (tp[uni > 0] / uni[uni > 0]).mean() * 100
     macc = (tp[lab > 0] / lab[lab > 0]).mean() * 100
     aacc = tp.sum() / cm.sum() * 100
-    print(json.dumps({'mIoU': miou, 'mAcc': macc, 'aAcc': aacc}))
+    print(json.dumps({'mIoU': miou, 'mAcc': macc, 'aAcc': aacc, 'confusion': cm.tolist()}))
+elif cmd == 'confusion_diag':         # confusion_diag OUT.txt: eval --confusion, own masks
+    lines = open(args[0]).read().split('\n')
+    at = [i for i, l in enumerate(lines) if l.startswith('confusion:')]
+    assert len(at) == 1, 'no confusion header'
+    cols = lines[at[0] + 1].split()
+    assert cols[-1] == 'pred/label' and cols[:-1] == [str(i) for i in range(len(cols) - 1)], cols
+    rows = lines[at[0] + 2:at[0] + 2 + len(cols) - 1]
+    seen = 0
+    for i, l in enumerate(rows):
+        cells = l.split()
+        assert cells[0] == str(i), l
+        vals = cells[-len(cols):]                 # the names may hold spaces
+        if vals[-1] == '-':
+            assert set(vals) == {'-'}, l
+            continue
+        seen += 1
+        assert vals[i] == '100.0' and vals[-1] == '1.00', l
+        assert all(v == '.' for j, v in enumerate(vals[:-1]) if j != i), l
+    assert seen > 0, 'no labelled class'
 elif cmd == 'json_get':               # json_get FILE KEY: prints the value
     print(json.load(open(args[0]))[args[1]])
 elif cmd == 'json_close':             # json_close A.json EXPECTED_JSON_STRING
     a = json.load(open(args[0])); b = json.loads(args[1])
     for k, v in b.items():
-        assert abs(a[k] - v) < 1e-3, (k, a[k], v)
+        if isinstance(v, list):                    # a matrix of counts: exact
+            assert a[k] == v, (k, a[k], v)
+        else:
+            assert abs(a[k] - v) < 1e-3, (k, a[k], v)
 elif cmd == 'recfg':                  # recfg SRC DST JSON_PATCH: SRC with config keys replaced
     with open(args[0], 'rb') as f:
         n = struct.unpack('<Q', f.read(8))[0]

@@ -130,6 +130,18 @@ START_TEST(json)
     ck_assert_double_eq(cJSON_GetObjectItem(sign, "IoU")->valuedouble, 0);
     ck_assert(cJSON_IsNull(cJSON_GetObjectItem(sign, "Acc")));
     ck_assert_double_eq(cJSON_GetObjectItem(sign, "pred_pixels")->valuedouble, 1);
+    /* the matrix itself (the one test "matrix" checks): row = label,
+     * column = prediction, every cell */
+    const double want[5][5] = {
+        {2, 1, 0, 0, 1}, {0, 1, 1, 0, 0}, {0, 1, 1, 0, 0}, {0}, {0}};
+    cJSON *conf = cJSON_GetObjectItem(j, "confusion");
+    ck_assert_int_eq(cJSON_GetArraySize(conf), 5);
+    for (int l = 0; l < 5; l++) {
+        cJSON *row = cJSON_GetArrayItem(conf, l);
+        ck_assert_int_eq(cJSON_GetArraySize(row), 5);
+        for (int q = 0; q < 5; q++)
+            ck_assert_double_eq(cJSON_GetArrayItem(row, q)->valuedouble, want[l][q]);
+    }
     cJSON *px = cJSON_GetObjectItem(j, "pixels");
     ck_assert_double_eq(cJSON_GetObjectItem(px, "ignored")->valuedouble, 1);
     ck_assert_double_eq(cJSON_GetObjectItem(px, "label_out_of_range")->valuedouble, 1);
