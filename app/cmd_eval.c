@@ -32,6 +32,8 @@ static const char eval_help[] =
     "                          matrix in pixels)\n"
     "  --confusion             also print the confusion matrix: per labelled class\n"
     "                          (row), the % of its pixels predicted as each class\n"
+    "  --worst N               also print the N images of lowest mIoU (every\n"
+    "                          image's scores are in --json's per_image)\n"
     "  --limit N               only the first N pairs\n"
     "  --tile SIZE             sliding windows, logits averaged (see segment --help)\n"
     "  --overlap PX            overlap between windows (default SIZE/4)\n"
@@ -181,8 +183,8 @@ static int pair_dirs(pair_list *l, const char *images_dir, const char *labels_di
     return rc;
 }
 
-/* One pair into the matrix. */
-static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8_t **mask,
+/* One pair's pixels into one (cleared first). */
+static ms_status eval_pair(ms_confusion *one, ms_engine *e, ms_result *res, uint8_t **mask,
                            size_t *mask_cap, const pair *p, const ms_run_options *opt, int tile,
                            int overlap, double *ms_engine_total)
 {
@@ -219,7 +221,10 @@ static ms_status eval_pair(ms_confusion *cm, ms_engine *e, ms_result *res, uint8
                               res->h, img.w, img.h);
         }
         *ms_engine_total += (cli_now_s() - t0) * 1e3;
-        if (st == MS_OK) confusion_add(cm, lab, pred, (size_t)img.w * img.h);
+        if (st == MS_OK) {
+            confusion_clear(one);
+            confusion_add(one, lab, pred, (size_t)img.w * img.h);
+        }
     }
     free(lab);
     image_free(&img);
@@ -261,12 +266,48 @@ static void print_confusion(const ms_confusion *c, const ms_metrics *m,
     }
 }
 
+typedef struct {
+    const ms_image_score *s;
+    int at; /* list order, for ties */
+} ranked_score;
+
+/* mIoU ascending, undefined (no class in label or prediction) last; ties
+ * in list order. */
+static int score_cmp(const void *a, const void *b)
+{
+    const ranked_score *x = a, *y = b;
+    bool nx = isnan(x->s->miou), ny = isnan(y->s->miou);
+    if (nx != ny) return nx ? 1 : -1;
+    if (!nx && x->s->miou != y->s->miou) return x->s->miou < y->s->miou ? -1 : 1;
+    return (x->at > y->at) - (x->at < y->at);
+}
+
+/* The n images of lowest mIoU, with their aAcc. */
+static void print_worst(const ms_image_score *scores, int n_scores, int n)
+{
+    ranked_score *r = malloc((size_t)(n_scores > 0 ? n_scores : 1) * sizeof *r);
+    if (!r) return;
+    for (int i = 0; i < n_scores; i++) r[i] = (ranked_score){scores + i, i};
+    qsort(r, (size_t)n_scores, sizeof *r, score_cmp);
+    if (n > n_scores) n = n_scores;
+    printf("\n%d image%s of lowest mIoU\n%7s %7s  %s\n", n, n == 1 ? "" : "s", "mIoU", "aAcc",
+           "image");
+    for (int i = 0; i < n; i++) {
+        print_pct(r[i].s->miou);
+        print_pct(r[i].s->aacc);
+        fputs("  ", stdout);
+        cli_fputs_escaped(r[i].s->image, stdout);
+        putchar('\n');
+    }
+    free(r);
+}
+
 int cmd_eval(int argc, char **argv)
 {
     cli_engine_args ea;
     cli_engine_args_init(&ea);
     const char *list = NULL, *images = NULL, *labels = NULL, *json = NULL;
-    int tile = 0, overlap = -1, limit = 0;
+    int tile = 0, overlap = -1, limit = 0, worst = 0;
     bool quiet = false, confusion = false;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
@@ -281,7 +322,7 @@ int cmd_eval(int argc, char **argv)
         if (!strcmp(o, "-q") || !strcmp(o, "--quiet")) { quiet = true; continue; }
         if (!strcmp(o, "--confusion")) { confusion = true; continue; }
         static const char *const valued[] = {"--list", "--images", "--labels", "--json",
-                                             "--tile", "--overlap", "--limit", NULL};
+                                             "--tile", "--overlap", "--limit", "--worst", NULL};
         bool known = false;
         for (int q = 0; valued[q]; q++) known |= !strcmp(o, valued[q]);
         if (!known) {
@@ -295,11 +336,12 @@ int cmd_eval(int argc, char **argv)
         const char *v = argv[++i];
         char *end;
         long n = 0;
-        if (!strcmp(o, "--tile") || !strcmp(o, "--overlap") || !strcmp(o, "--limit")) {
+        bool counted = !strcmp(o, "--limit") || !strcmp(o, "--worst");
+        if (!strcmp(o, "--tile") || !strcmp(o, "--overlap") || counted) {
             errno = 0;
             n = strtol(v, &end, 10);
             if (errno || end == v || *end || n < 0 || n > INT_MAX ||
-                (!strcmp(o, "--tile") && n < 16) || (!strcmp(o, "--limit") && n < 1)) {
+                (!strcmp(o, "--tile") && n < 16) || (counted && n < 1)) {
                 cli_error("eval: %s: bad value '%s'", o, v);
                 return 2;
             }
@@ -311,6 +353,7 @@ int cmd_eval(int argc, char **argv)
         else if (!strcmp(o, "--tile")) tile = (int)n;
         else if (!strcmp(o, "--overlap")) overlap = (int)n;
         else if (!strcmp(o, "--limit")) limit = (int)n;
+        else if (!strcmp(o, "--worst")) worst = (int)n;
     }
     if (!list == !(images || labels) || (!list && !(images && labels))) {
         cli_error("eval: give either --list FILE or both --images DIR and --labels DIR "
@@ -360,9 +403,20 @@ int cmd_eval(int argc, char **argv)
         return 2;
     }
     const ms_config *cfg = engine_config(e);
-    ms_confusion cm;
-    if (confusion_init(&cm, cfg->n_classes, cfg->ignore_index) != MS_OK) {
+    ms_confusion cm, one; /* the set's and one image's */
+    ms_image_score *scores = calloc(n_all > 0 ? (size_t)n_all : 1, sizeof *scores);
+    int n_scores = 0;
+    if (!scores || confusion_init(&cm, cfg->n_classes, cfg->ignore_index) != MS_OK) {
+        cli_error("%s", scores ? ms_last_error() : "out of memory: per-image scores");
+        free(scores);
+        engine_free(e);
+        pairs_free(&pl);
+        return 1;
+    }
+    if (confusion_init(&one, cfg->n_classes, cfg->ignore_index) != MS_OK) {
         cli_error("%s", ms_last_error());
+        confusion_free(&cm);
+        free(scores);
         engine_free(e);
         pairs_free(&pl);
         return 1;
@@ -380,7 +434,7 @@ int cmd_eval(int argc, char **argv)
     double ms_engine_total = 0, t0 = cli_now_s(), last = 0;
     bool tty = isatty(STDERR_FILENO);
     for (int i = 0; i < n_all && !cli_interrupted; i++) {
-        if (eval_pair(&cm, e, &res, &mask, &mask_cap, &pl.p[i], &run, tile, overlap,
+        if (eval_pair(&one, e, &res, &mask, &mask_cap, &pl.p[i], &run, tile, overlap,
                       &ms_engine_total) != MS_OK) {
             if (tty && !quiet) fputs("\r\033[K", stderr);
             const char *msg = ms_last_error();
@@ -392,6 +446,13 @@ int cmd_eval(int argc, char **argv)
             failed++;
         } else {
             done++;
+            confusion_merge(&cm, &one);
+            ms_metrics mi;
+            if (metrics_compute(&mi, &one) == MS_OK) {
+                scores[n_scores++] = (ms_image_score){pl.p[i].image, pl.p[i].label, mi.miou,
+                                                      mi.aacc, mi.labelled};
+                metrics_free(&mi);
+            }
         }
         double el = cli_now_s() - t0;
         if (!quiet && (tty || el - last >= 5.0)) {
@@ -435,11 +496,11 @@ int cmd_eval(int argc, char **argv)
     print_pct(m.miou);
     printf("\n%-24s", "mAcc");
     print_pct(m.macc);
-    if (confusion) {
-        putchar('\n');
-        print_confusion(&cm, &m, cfg->class_names);
-    }
-    printf("\n\n%d image%s evaluated%s", done, done == 1 ? "" : "s",
+    putchar('\n');
+    /* each section: a blank line, then its lines */
+    if (confusion) print_confusion(&cm, &m, cfg->class_names);
+    if (worst) print_worst(scores, n_scores, worst);
+    printf("\n%d image%s evaluated%s", done, done == 1 ? "" : "s",
            cli_interrupted ? " (interrupted)" : "");
     if (failed) printf(", %d failed", failed);
     printf(" in %.1f s (%.2f images/s; model %.1f ms/image)\n", el, el > 0 ? done / el : 0.0,
@@ -475,7 +536,8 @@ int cmd_eval(int argc, char **argv)
                               "tta", ea.run.tta_flip ? "flip" : "none",
                               /* MiTA facts last: NULL ends the list for full attention */
                               mita ? "landmarks" : NULL, lm, "topk", topk, NULL};
-        if (metrics_write_json(json, &m, &cm, (const char(*)[64])cfg->class_names, meta) != MS_OK) {
+        if (metrics_write_json(json, &m, &cm, (const char(*)[64])cfg->class_names, meta, scores,
+                               n_scores) != MS_OK) {
             cli_error("%s", ms_last_error());
             rc = 1;
         }
@@ -486,6 +548,8 @@ int cmd_eval(int argc, char **argv)
                              : (failed || listed_bad || done == 0 || nothing_scored) ? 1 : 0;
 out:
     confusion_free(&cm);
+    confusion_free(&one);
+    free(scores);
     free(mask);
     result_free(&res);
     engine_free(e);

@@ -28,6 +28,23 @@ void confusion_free(ms_confusion *c)
     memset(c, 0, sizeof *c);
 }
 
+void confusion_clear(ms_confusion *c)
+{
+    memset(c->cm, 0, (size_t)c->n_classes * c->n_classes * sizeof *c->cm);
+    c->ignored = c->out_of_range = c->bad_pred = 0;
+    c->images = 0;
+}
+
+void confusion_merge(ms_confusion *dst, const ms_confusion *src)
+{
+    size_t n = (size_t)src->n_classes * src->n_classes;
+    for (size_t i = 0; i < n; i++) dst->cm[i] += src->cm[i];
+    dst->ignored += src->ignored;
+    dst->out_of_range += src->out_of_range;
+    dst->bad_pred += src->bad_pred;
+    dst->images += src->images;
+}
+
 void confusion_add(ms_confusion *c, const uint8_t *label, const uint8_t *pred, size_t n)
 {
     const int nc = c->n_classes;
@@ -106,7 +123,8 @@ static bool add_item(cJSON *obj, const char *key, cJSON *item)
 }
 
 ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c,
-                          const char (*names)[64], const char *const *meta)
+                          const char (*names)[64], const char *const *meta,
+                          const ms_image_score *scores, int n_scores)
 {
     cJSON *root = cJSON_CreateObject();
     bool ok = root != NULL;
@@ -155,6 +173,17 @@ ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c
     ok = ok && add_item(px, "labelled", cJSON_CreateNumber((double)m->labelled)) &&
          add_item(px, "ignored", cJSON_CreateNumber((double)c->ignored)) &&
          add_item(px, "label_out_of_range", cJSON_CreateNumber((double)c->out_of_range));
+    cJSON *per = ok && scores ? cJSON_CreateArray() : NULL;
+    ok = ok && (!scores || add_item(root, "per_image", per));
+    for (int i = 0; ok && scores && i < n_scores; i++) {
+        cJSON *o = cJSON_CreateObject();
+        ok = o && cJSON_AddItemToArray(per, o);
+        if (!ok) { cJSON_Delete(o); break; }
+        ok = add_item(o, "image", cJSON_CreateString(scores[i].image)) &&
+             add_item(o, "label", cJSON_CreateString(scores[i].label)) &&
+             add_item(o, "mIoU", pct(scores[i].miou)) && add_item(o, "aAcc", pct(scores[i].aacc)) &&
+             add_item(o, "labelled", cJSON_CreateNumber((double)scores[i].labelled));
+    }
     char *s = ok ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
     if (!s) return ms_error(MS_ERR_OOM, "out of memory: building the metrics JSON");
@@ -163,10 +192,11 @@ ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c
 }
 
 ms_status metrics_write_json(const char *path, const ms_metrics *m, const ms_confusion *c,
-                             const char (*names)[64], const char *const *meta)
+                             const char (*names)[64], const char *const *meta,
+                             const ms_image_score *scores, int n_scores)
 {
     char *s;
-    MS_TRY(metrics_to_json(&s, m, c, names, meta));
+    MS_TRY(metrics_to_json(&s, m, c, names, meta, scores, n_scores));
     size_t n = strlen(s);
     s[n] = '\n'; /* the terminator becomes the file's last newline */
     ms_status st = fio_write_file(path, s, n + 1);

@@ -18,6 +18,10 @@ typedef struct {
 
 ms_status confusion_init(ms_confusion *c, int n_classes, int ignore_index);
 void confusion_free(ms_confusion *c);
+/* Zeroes the counts (the class count and ignore index stay). */
+void confusion_clear(ms_confusion *c);
+/* Adds src's counts into dst (the same class count). */
+void confusion_merge(ms_confusion *dst, const ms_confusion *src);
 /* Adds one image's pixels. */
 void confusion_add(ms_confusion *c, const uint8_t *label /* (n) */, const uint8_t *pred /* (n) */,
                    size_t n);
@@ -43,16 +47,28 @@ typedef struct {
 ms_status metrics_compute(ms_metrics *m, const ms_confusion *c);
 void metrics_free(ms_metrics *m);
 
+/* One image's scores, for the per-image list of the JSON. */
+typedef struct {
+    const char *image, *label; /* not owned */
+    double miou, aacc;         /* fractions; NaN when undefined */
+    uint64_t labelled;         /* pixels scored */
+} ms_image_score;
+
 /* Writes the metrics as JSON (atomically: temp file + rename):
  * {"aAcc", "mIoU", "mAcc" (percent), "classes": [{"name", "IoU", "Acc",
  * "label_pixels", "pred_pixels"}] (null where undefined), "confusion":
  * [[pixels]] (row = label, column = prediction), "pixels": {...},
+ * "per_image": [{"image", "label", "mIoU", "aAcc", "labelled"}] (in the
+ * order given; only with scores),
  * plus meta pairs {key, value, ..., NULL} as strings and numbers as given
  * (a value that parses fully as a number is written as a number). */
 ms_status metrics_write_json(const char *path, const ms_metrics *m, const ms_confusion *c,
-                             const char (*names)[64], const char *const *meta);
+                             const char (*names)[64], const char *const *meta,
+                             const ms_image_score *scores /* (n_scores) or NULL */,
+                             int n_scores);
 /* The same document as a string (caller frees with free()). */
 ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c,
-                          const char (*names)[64], const char *const *meta);
+                          const char (*names)[64], const char *const *meta,
+                          const ms_image_score *scores /* (n_scores) or NULL */, int n_scores);
 
 #endif

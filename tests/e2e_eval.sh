@@ -38,6 +38,18 @@ check "half-wrong labels with ignored pixels: metrics and confusion matrix as co
     h json_close mix.json "$(cat expect_a.json)"
 ev --list data/same.txt --confusion > out.txt 2>&1
 check "--confusion: own masks as labels, 100 % on the diagonal, pred/label 1" h confusion_diag out.txt
+check "--json: per_image in list order, each 100" "$PY" -c "
+import json; d = json.load(open('same.json')); p = d['per_image']
+assert [q['image'].split('/')[-1] for q in p] == ['a.png', 'b.png', 'c.jpg'], p
+assert all(q['mIoU'] == 100 and q['aAcc'] == 100 and q['labelled'] > 0 for q in p), p"
+printf 'img/a.png same/a.png\nimg/b.png shift/b.png\nimg/c.jpg same/c.png\n' > data/onebad.txt
+ev --list data/onebad.txt --worst 1 --json onebad.json > out.txt 2>&1
+check "--worst 1: the all-wrong image, mIoU 0" bash -c \
+    "grep -A2 '^1 image of lowest mIoU' out.txt | tail -1 | grep -Eq '^ +0\.00 +0\.00  .*img/b\.png$'"
+check "--worst: the per-image mIoU in the JSON agrees" "$PY" -c "
+import json; p = json.load(open('onebad.json'))['per_image']
+assert [q['mIoU'] for q in p] == [100, 0, 100], p"
+ev --list data/same.txt --worst 0 >/dev/null 2>&1; check "--worst 0: usage error 2" test $? -eq 2
 
 ev --images data/img --labels data/same > out.txt 2>&1
 check "--images/--labels: pairs by name, mIoU 100" grep -Eq '^mIoU +100\.00$' out.txt

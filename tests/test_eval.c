@@ -42,6 +42,22 @@ START_TEST(matrix)
         {2, 1, 0, 0, 1}, {0, 1, 1, 0, 0}, {0, 1, 1, 0, 0}, {0}, {0}};
     for (int l = 0; l < 5; l++)
         for (int q = 0; q < 5; q++) ck_assert_uint_eq(c.cm[l * 5 + q], want[l][q]);
+    /* an image at a time (cleared between), merged: the same matrix and
+     * counters (eval's per-image scores) */
+    ms_confusion one, sum;
+    ck_assert_int_eq(confusion_init(&one, 5, 255), MS_OK);
+    ck_assert_int_eq(confusion_init(&sum, 5, 255), MS_OK);
+    confusion_add(&one, label_a, pred_a, sizeof label_a);
+    confusion_merge(&sum, &one);
+    confusion_clear(&one);
+    confusion_add(&one, label_b, pred_b, sizeof label_b);
+    confusion_merge(&sum, &one);
+    ck_assert_mem_eq(sum.cm, c.cm, 25 * sizeof *c.cm);
+    ck_assert_uint_eq(sum.ignored, c.ignored);
+    ck_assert_uint_eq(sum.out_of_range, c.out_of_range);
+    ck_assert_int_eq(sum.images, 2);
+    confusion_free(&one);
+    confusion_free(&sum);
     confusion_free(&c);
 }
 END_TEST
@@ -106,7 +122,9 @@ START_TEST(json)
     int fd = mkstemp(path);
     ck_assert_int_ge(fd, 0);
     close(fd);
-    ck_assert_int_eq(metrics_write_json(path, &m, &c, names, meta), MS_OK);
+    const ms_image_score scores[2] = {{"a.png", "a_L.png", 0.25, 0.5, 4},
+                                      {"b.png", "b_L.png", NAN, NAN, 0}};
+    ck_assert_int_eq(metrics_write_json(path, &m, &c, names, meta, scores, 2), MS_OK);
     FILE *f = fopen(path, "r");
     char buf[8192];
     size_t n = fread(buf, 1, sizeof buf - 1, f);
@@ -144,10 +162,21 @@ START_TEST(json)
     }
     cJSON *px = cJSON_GetObjectItem(j, "pixels");
     ck_assert_double_eq(cJSON_GetObjectItem(px, "ignored")->valuedouble, 1);
+    /* per image, in the order given; undefined scores are null */
+    cJSON *per = cJSON_GetObjectItem(j, "per_image");
+    ck_assert_int_eq(cJSON_GetArraySize(per), 2);
+    cJSON *a = cJSON_GetArrayItem(per, 0), *b2 = cJSON_GetArrayItem(per, 1);
+    ck_assert_str_eq(cJSON_GetObjectItem(a, "image")->valuestring, "a.png");
+    ck_assert_str_eq(cJSON_GetObjectItem(a, "label")->valuestring, "a_L.png");
+    ck_assert_double_eq(cJSON_GetObjectItem(a, "mIoU")->valuedouble, 25);
+    ck_assert_double_eq(cJSON_GetObjectItem(a, "aAcc")->valuedouble, 50);
+    ck_assert_double_eq(cJSON_GetObjectItem(a, "labelled")->valuedouble, 4);
+    ck_assert(cJSON_IsNull(cJSON_GetObjectItem(b2, "mIoU")));
     ck_assert_double_eq(cJSON_GetObjectItem(px, "label_out_of_range")->valuedouble, 1);
     cJSON_Delete(j);
     /* an unwritable place: an error naming it */
-    ck_assert_int_eq(metrics_write_json("/nonexistent/dir/m.json", &m, &c, names, NULL), MS_ERR_IO);
+    ck_assert_int_eq(metrics_write_json("/nonexistent/dir/m.json", &m, &c, names, NULL, NULL, 0),
+                     MS_ERR_IO);
     ck_assert_ptr_nonnull(strstr(ms_last_error(), "/nonexistent/dir/m.json"));
     metrics_free(&m);
     confusion_free(&c);
