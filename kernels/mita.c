@@ -486,9 +486,9 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
          * chunks. An item waits only for the items it reads: phase 1 for
          * the landmarks, phase 2 for its head's phase 1. Items are taken
          * in order, so the wait is for items in progress on other threads
-         * (barriers between the phases left a thread idle for 7-8 % of
-         * the layer; each thread pooling every landmark itself read all
-         * of q once per thread: 7 % of the layer at N = 16384). */
+         * (at the barrier there was between the phases, threads waited
+         * for 7-8 % of the layer's samples at N = 1024; each thread
+         * pooling every landmark itself, 7 % at N = 16384). */
         for (int it; (it = atomic_fetch_add_explicit(w.next, 1, memory_order_relaxed)) < total;) {
             if (it < gh) {
                 mita_landmarks(w.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw, it);
@@ -503,10 +503,11 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                     int e0, e1;
                     expert_group_rows(&e0, &e1, j, groups, m, n, d);
                     mita_experts(&w, qkv, w.land, n, ncls, c, d, h, m, k, e0, e1, rec, th.work);
-                } else
+                } else {
                     mita_route(&w, qkv, w.land, n, c, d, h, m,
                                (int)((long)n * (j - groups) / blocks),
                                (int)((long)n * (j - groups + 1) / blocks));
+                }
                 atomic_fetch_add_explicit(&w.done[h], 1, memory_order_release);
                 continue;
             }
