@@ -410,6 +410,10 @@ class TestDevicePlan(unittest.TestCase):
         cuda, cpu = torch.device("cuda"), torch.device("cpu")
         self.assertEqual(T.precision_plan(cuda, {}), {"amp_dtype": torch.bfloat16, "channels_last": True})
         self.assertEqual(T.precision_plan(cpu, {}), {"amp_dtype": None, "channels_last": False})
+        # bf16 on the CPU: channels-last too (oneDNN's faster layout), unless the config says not
+        self.assertEqual(T.precision_plan(cpu, {}, "bf16"),
+                         {"amp_dtype": torch.bfloat16, "channels_last": True})
+        self.assertFalse(T.precision_plan(cpu, {"channels_last": False}, "bf16")["channels_last"])
         self.assertEqual(T.precision_plan(cuda, {"amp": "off"})["amp_dtype"], None)
         self.assertEqual(T.precision_plan(cpu, {}, "bf16")["amp_dtype"], torch.bfloat16)
         self.assertTrue(T.precision_plan(cpu, {"channels_last": True})["channels_last"])
