@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of `mitaseg segment` (and `info`): every input form, every
 # output format, --overlay, --dump, --skip-existing, a corrupt file in the
-# middle, inputs never overwritten, the same bits at any thread count,
-# sharding, tiling and interrupted runs.
+# middle, inputs never overwritten, sharding, tiling and interrupted runs.
 #
 # Needs $MS_BIN (the program) and a small model: $MS_TEST_MODEL, else the
 # first tests/fixtures/*.model.safetensors. Exit 77 (skipped) without one, or
@@ -99,24 +98,6 @@ else
 fi
 "$BIN" segment in/a.png in/b.jpg --dump x.safetensors >/dev/null 2>&1
 check "--dump with two images: refused" test $? -eq 2
-
-# ---- the same bits at any thread count: logits, mask and MiTA selections
-# (the shipped model: 3 heads, 49 experts; from 4 threads on its MiTA splits
-# each head's experts between threads, in three parts from 7 on) ----
-SHIPPED=$(dirname "$HELPER")/../assets/models/camvid-mita.safetensors
-if [ -f "$SHIPPED" ]; then
-    h img in_t.png 320 240 6
-    for att in mita full; do
-        for t in 1 2 3 4 7; do
-            "$BIN" segment --model "$SHIPPED" --threads $t --attention $att in_t.png \
-                --dump "t${t}_$att.safetensors" -q
-        done
-        for t in 2 3 4 7; do
-            check "--threads $t, $att attention: the same bits as 1 thread" \
-                cmp -s "t1_$att.safetensors" "t${t}_$att.safetensors"
-        done
-    done
-fi
 
 # ---- tiles ----------------------------------------------------------------------------
 seg in/a.png -o o_tile1 --tile 64 --overlap 0 -q

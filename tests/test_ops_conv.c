@@ -7,7 +7,7 @@
  * counts that are not multiples of 8), stride 1 and 2, pad 0/1/3, kernels
  * 1, 3 and 7, bias on and off, every activation; workspaces from the sizing
  * function down to one im2col row (many bands, fewer threads, the fallback
- * from implicit to im2col); 1, 2 and 3 threads, and each kind's bits the
+ * from implicit to im2col); 1, 2 and 3 threads, and Winograd's bits the
  * same at 1 to 4; every CPU path this machine has (and CMake runs the file
  * again with MS_CPU_PATH=base).
  *
@@ -220,17 +220,17 @@ START_TEST(test_conv2d_nested)
 }
 END_TEST
 
-/* The thread count moves the band edges, never an output's bits: each
- * conv kind (pointwise, stride 2, implicit GEMM, Winograd) at 1 to 4
- * threads with its sized workspace, byte for byte against 1 thread. */
-START_TEST(test_conv2d_same_bits_any_threads)
+/* Winograd cuts its bands and channel chunks by the layer's size alone
+ * (the sized workspace), and calls each GEMM whole inside its parallel
+ * region: the same bits at 1 to 4 threads, byte for byte. (The implicit
+ * GEMM's bands and the pointwise GEMM's column chunks follow the thread
+ * count, and OpenBLAS may round a row differently in a call of another
+ * size: no such promise there.) */
+START_TEST(test_conv2d_winograd_same_bits_any_threads)
 {
     const struct {
         int ci, h, wd, co, k, st, pad;
     } cs[] = {
-        {24, 30, 41, 20, 1, 1, 0},  /* pointwise: a GEMM in column chunks */
-        {12, 40, 96, 10, 3, 2, 1},  /* stride 2 */
-        {12, 40, 96, 10, 3, 1, 1},  /* implicit GEMM, many bands */
         {40, 46, 61, 36, 3, 1, 1},  /* Winograd, 3 tile rows short of 12 x 16 */
         {40, 9, 200, 36, 3, 1, 1},  /* Winograd, 3 tile rows of 50 */
     };
@@ -396,7 +396,7 @@ int main(void)
     tcase_add_test(tc, test_conv2d_paths);
     tcase_add_test(tc, test_conv2d_many_bands);
     tcase_add_test(tc, test_conv2d_nested);
-    tcase_add_test(tc, test_conv2d_same_bits_any_threads);
+    tcase_add_test(tc, test_conv2d_winograd_same_bits_any_threads);
     tcase_add_test(tc, test_conv2d_winograd);
     tcase_add_test(tc, test_conv_transpose_paths);
     suite_add_tcase(s, tc);
