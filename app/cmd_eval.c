@@ -445,10 +445,13 @@ int cmd_eval(int argc, char **argv)
             else cli_error("%s: %s", pl.p[i].image, msg);
             failed++;
         } else {
-            done++;
-            confusion_merge(&cm, &one);
-            ms_metrics mi;
-            if (metrics_compute(&mi, &one) == MS_OK) {
+            ms_metrics mi; /* the image's own scores, for --worst and per_image */
+            if (metrics_compute(&mi, &one) != MS_OK) {
+                cli_error("%s: %s", pl.p[i].image, ms_last_error());
+                failed++;
+            } else {
+                done++;
+                confusion_merge(&cm, &one);
                 scores[n_scores++] = (ms_image_score){pl.p[i].image, pl.p[i].label, mi.miou,
                                                       mi.aacc, mi.labelled};
                 metrics_free(&mi);
