@@ -122,6 +122,14 @@ static bool add_item(cJSON *obj, const char *key, cJSON *item)
     return true;
 }
 
+/* Appends item to array; NULL (item freed) when either failed. */
+static cJSON *append(cJSON *array, cJSON *item)
+{
+    if (item && cJSON_AddItemToArray(array, item)) return item;
+    cJSON_Delete(item);
+    return NULL;
+}
+
 ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c,
                           const char (*names)[64], const char *const *meta,
                           const ms_image_score *scores, int n_scores)
@@ -144,9 +152,8 @@ ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c
     cJSON *classes = ok ? cJSON_CreateArray() : NULL;
     ok = ok && add_item(root, "classes", classes);
     for (int k = 0; ok && k < m->n_classes; k++) {
-        cJSON *o = cJSON_CreateObject();
-        ok = o && cJSON_AddItemToArray(classes, o);
-        if (!ok) { cJSON_Delete(o); break; }
+        cJSON *o = append(classes, cJSON_CreateObject());
+        if (!(ok = o != NULL)) break;
         char fallback[32];
         snprintf(fallback, sizeof fallback, "class %d", k);
         ok = add_item(o, "name", cJSON_CreateString(names ? names[k] : fallback)) &&
@@ -159,14 +166,11 @@ ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c
     cJSON *conf = ok ? cJSON_CreateArray() : NULL;
     ok = ok && add_item(root, "confusion", conf);
     for (int l = 0; ok && l < c->n_classes; l++) {
-        cJSON *row = cJSON_CreateArray();
-        ok = row && cJSON_AddItemToArray(conf, row);
-        if (!ok) { cJSON_Delete(row); break; }
-        for (int q = 0; ok && q < c->n_classes; q++) {
-            cJSON *v = cJSON_CreateNumber((double)c->cm[(size_t)l * c->n_classes + q]);
-            ok = v && cJSON_AddItemToArray(row, v);
-            if (!ok) cJSON_Delete(v);
-        }
+        const uint64_t *cells = c->cm + (size_t)l * c->n_classes;
+        cJSON *row = append(conf, cJSON_CreateArray());
+        ok = row != NULL;
+        for (int q = 0; ok && q < c->n_classes; q++)
+            ok = append(row, cJSON_CreateNumber((double)cells[q])) != NULL;
     }
     cJSON *px = ok ? cJSON_CreateObject() : NULL;
     ok = ok && add_item(root, "pixels", px);
@@ -176,10 +180,8 @@ ms_status metrics_to_json(char **out, const ms_metrics *m, const ms_confusion *c
     cJSON *per = ok && scores ? cJSON_CreateArray() : NULL;
     ok = ok && (!scores || add_item(root, "per_image", per));
     for (int i = 0; ok && scores && i < n_scores; i++) {
-        cJSON *o = cJSON_CreateObject();
-        ok = o && cJSON_AddItemToArray(per, o);
-        if (!ok) { cJSON_Delete(o); break; }
-        ok = add_item(o, "image", cJSON_CreateString(scores[i].image)) &&
+        cJSON *o = append(per, cJSON_CreateObject());
+        ok = o && add_item(o, "image", cJSON_CreateString(scores[i].image)) &&
              add_item(o, "label", cJSON_CreateString(scores[i].label)) &&
              add_item(o, "mIoU", pct(scores[i].miou)) && add_item(o, "aAcc", pct(scores[i].aacc)) &&
              add_item(o, "labelled", cJSON_CreateNumber((double)scores[i].labelled));
