@@ -93,6 +93,19 @@ class TestConfigBase(unittest.TestCase):
         self.assertEqual(final["train"]["train_list"], ["train.txt", "val.txt"])
         self.assertNotIn("base", final)
 
+    def test_ablation_configs_change_one_knob_each(self):
+        # docs/ablation.md's one-knob runs: each differs from the recipe only there
+        cdir = os.path.join(TOOLS_DIR, "configs")
+        xseq = T.load_config(os.path.join(cdir, "camvid-mita-xseq.json"))
+        want = {"cutmix": {"cutmix"}, "lovasz": {"lovasz_weight"},
+                "ohem": {"class_weighting", "ohem"}, "crop240": {"crop"}}
+        for name, keys in want.items():
+            cfg = T.load_config(os.path.join(cdir, "camvid-mita-xseq-%s.json" % name))
+            self.assertEqual(cfg["model"], xseq["model"], name)
+            changed = {k for k in set(cfg["train"]) | set(xseq["train"])
+                       if cfg["train"].get(k) != xseq["train"].get(k)}
+            self.assertEqual(changed, keys, name)
+
     def test_base_relative_path_model_override_and_loop(self):
         with tempfile.TemporaryDirectory() as d:
             os.makedirs(os.path.join(d, "sub"))
