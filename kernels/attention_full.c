@@ -82,7 +82,7 @@ static void attention_block(float *out /* (n, c) */, const float *qkv /* (n, 3c)
  * of the second thread's time idle; 2 blocks per head are 6 items. Cut for
  * 2 threads whatever the thread count, so that the blocks, and so the
  * bits, never depend on it (OpenBLAS's sums depend on the rows of a
- * call: with the blocks cut for 4 threads some outputs differed in the
+ * call: with the blocks cut for 3 or 4 threads some outputs differed in the
  * last bit). More threads than items idle here: on many cores a CamVid
  * frame's attention (6 items) uses 6 of them. Smaller blocks for all
  * cost 3-7 % on 2 threads (128 queries, N = 690-4096). */
