@@ -111,13 +111,19 @@ static int summary_rows(int m, int n, int d)
     return sb < 4 ? m : (int)(sb > MITA_SB ? MITA_SB : sb);
 }
 
+/* Summary GEMM blocks per head: m in blocks of summary_rows. */
+static int summary_blocks(int m, int n, int d)
+{
+    int sb = summary_rows(m, n, d);
+    return (m + sb - 1) / sb;
+}
+
 /* Expert items per head: at least one per thread, else as few as possible
  * (one probe GEMM over all m landmarks runs 30 % faster than over 16 of
  * them three times: K is packed once); whole summary blocks each. */
 static int expert_groups(int m, int n, int d, int heads, int chunks)
 {
-    int sb = summary_rows(m, n, d), blocks = (m + sb - 1) / sb;
-    int g = (chunks + heads - 1) / heads;
+    int blocks = summary_blocks(m, n, d), g = (chunks + heads - 1) / heads;
     return g < 1 ? 1 : (g > blocks ? blocks : g);
 }
 
@@ -125,7 +131,7 @@ static int expert_groups(int m, int n, int d, int heads, int chunks)
  * (j + 1) B / groups) of the B blocks. */
 static void expert_group_rows(int *e0, int *e1, int j, int groups, int m, int n, int d)
 {
-    int sb = summary_rows(m, n, d), blocks = (m + sb - 1) / sb;
+    int sb = summary_rows(m, n, d), blocks = summary_blocks(m, n, d);
     int b0 = (int)((long)blocks * j / groups), b1 = (int)((long)blocks * (j + 1) / groups);
     *e0 = b0 * sb;
     *e1 = b1 * sb < m ? b1 * sb : m;
@@ -149,7 +155,7 @@ static size_t thread_layout(mita_thread *th, void *base, int n, int c, int heads
                             int chunks)
 {
     int d = c / heads, groups = expert_groups(m, n, d, heads, chunks), sb = summary_rows(m, n, d);
-    int rows = ((m + sb - 1) / sb + groups - 1) / groups * sb; /* a group's most */
+    int rows = (summary_blocks(m, n, d) + groups - 1) / groups * sb; /* a group's most */
     uint8_t *b = (uint8_t *)base;
     size_t off = 0;
     th->order = carve(b, &off, (size_t)n * sizeof(int32_t));

@@ -139,8 +139,8 @@ START_TEST(test_attention_against_two_pass)
         two_pass_attention(want, qkv, n, c, heads, &amax);
         for (int pi = 0; pi < cpu_path_count(); pi++) {
             ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
-            /* more threads cut the op's query blocks smaller (for balance):
-             * the same bits all the same */
+            /* the op's query blocks do not follow the thread count: the
+             * same bits at each */
             float *one = NULL;
             for (int threads = 1; threads <= 4; threads++) {
                 float *out = check_case(qkv, want, amax, n, c, heads, cases[ci].qb,
