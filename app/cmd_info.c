@@ -168,8 +168,10 @@ int cmd_info(int argc, char **argv)
     else
         printf("  attention              full (MiTA can be chosen at run time: --attention mita)\n");
     static const char *const necks[] = {"mln", "fpn-deconv", "none"};
-    printf("  neck, head             %s (%d channels), UperHead %d channels, pool scales",
-           necks[c->neck], c->neck_channels, c->head_channels);
+    printf("  neck, head             %s (%d channels", necks[c->neck], c->neck_channels);
+    if (c->n_stem_skips)
+        printf("; levels 0-%d add the conv stem's output of their size", c->n_stem_skips - 1);
+    printf("), UperHead %d channels, pool scales", c->head_channels);
     for (int i = 0; i < c->n_pool; i++) printf(" %d", c->pool_scales[i]);
     printf("\n  classes                %d", c->n_classes);
     if (c->ignore_index >= 0) printf(", ignore index %d", c->ignore_index);

@@ -261,6 +261,12 @@ static void load_weights(loader *ld, ms_engine *e)
             snprintf(name, sizeof name, "neck.convs.%d.conv", l);
             load_conv(ld, &n->convs[l], Cn, Cn, 3, 3, true, false, name);
         }
+        for (int l = 0; l < c->n_stem_skips; l++) {
+            char name[64];
+            snprintf(name, sizeof name, "neck.stem_convs.%d.conv", l);
+            load_conv(ld, &n->stem[l], Cn, c->stem_channels[vit_stem_skip_index(c, l)], 1, 1, true,
+                      false, name);
+        }
     } else if (c->neck == MS_NECK_FPN_DECONV) {
         load_conv(ld, &n->fpn1a, C, C, 2, 2, true, true, "neck.fpn1.0");
         load_bn(ld, &n->fpn1a, c->bn_eps, true, "neck.fpn1.1");
@@ -316,6 +322,7 @@ static void rebase_weights(ms_engine *e, const ms_arena *from, const ms_arena *t
         rebase_conv(&e->neck.lateral[l], from, to);
         rebase_conv(&e->neck.convs[l], from, to);
     }
+    for (int l = 0; l < 2; l++) rebase_conv(&e->neck.stem[l], from, to);
     uperhead_weights *h = &e->head;
     for (int j = 0; j < MS_MAX_POOL; j++) rebase_conv(&h->psp[j], from, to);
     for (int l = 0; l < 3; l++) {
@@ -713,7 +720,11 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
                    .route = rb->route, .shared_mass = rb->shared_mass,
                    .blocks = rb->blocks};
-    MS_TRY(vit_forward(be, act, taps, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph, g->pw,
+    float *skips[2] = {NULL, NULL}; /* each (B*NW, c, h, w): the stem outputs the neck takes */
+    for (int l = 0; l < c->n_stem_skips; l++)
+        ALLOC(skips[l], (size_t)B * NW * vit_stem_skip_floats(c, l, g->ph, g->pw) * sizeof(float));
+    MS_TRY(vit_forward(be, act, taps, skips, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph,
+                       g->pw,
                        tr));
 
     /* Neck, head and postprocessing per image (and window), each on the same
@@ -736,7 +747,11 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
             float *taps_b[4], *levels[4];
             for (int j = 0; j < 4; j++) /* (C, hp, wp) */
                 taps_b[j] = taps[j] + ((size_t)b * NW + wi) * C * g->n;
-            MS_TRY(neck_forward(be, act, levels, taps_b, &e->neck, c, g->hp, g->wp, tr));
+            float *skips_b[2] = {NULL, NULL};
+            for (int l = 0; l < c->n_stem_skips; l++)
+                skips_b[l] = skips[l] + ((size_t)b * NW + wi) *
+                                            vit_stem_skip_floats(c, l, g->ph, g->pw);
+            MS_TRY(neck_forward(be, act, levels, taps_b, skips_b, &e->neck, c, g->hp, g->wp, tr));
             MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
             MS_TRY(check_finite_logits(e, be, pl, net_logits, (size_t)K * h0 * w0));
             if (!g->slide) {

@@ -231,6 +231,10 @@ static ms_status parse_neck_decoder(ms_config *c, const cJSON *root)
     if (c->neck == MS_NECK_MLN)
         MS_TRY(get_int(&c->neck_channels, neck, "out_channels", "neck.out_channels", false, c->embed_dim, 1,
                        65536));
+    MS_TRY(get_int(&c->n_stem_skips, neck, "stem_skips", "neck.stem_skips", false, 0, 0, 2));
+    if (c->n_stem_skips && (c->neck != MS_NECK_MLN || c->stem != MS_STEM_CONV || c->n_stem < 3))
+        return ms_error(MS_ERR_FORMAT,
+                        "config: neck.stem_skips: needs the mln neck and a conv stem of 3 or more convs");
 
     static const char *const decs[] = {"uperhead"};
     int dt = 0;

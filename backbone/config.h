@@ -35,6 +35,8 @@ typedef struct {
     /* neck */
     ms_neck_type neck;
     int neck_channels;      /* mln out_channels; else embed_dim */
+    int n_stem_skips;       /* mln + conv stem: levels l < this also take the conv
+                             * stem output of their size (n_stem - 3 + l), by a 1x1 conv */
     /* decoder */
     int head_channels;
     int pool_scales[MS_MAX_POOL];

@@ -65,8 +65,18 @@ ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out, const 
     return MS_OK;
 }
 
-/* Stem: (3, ph, pw) -> tokens (N, C). */
+int vit_stem_skip_index(const ms_config *cfg, int l) { return cfg->n_stem - 3 + l; }
+
+size_t vit_stem_skip_floats(const ms_config *cfg, int l, int ph, int pw)
+{
+    int i = vit_stem_skip_index(cfg, l);
+    return (size_t)cfg->stem_channels[i] * (ph >> (i + 1)) * (pw >> (i + 1));
+}
+
+/* Stem: (3, ph, pw) -> tokens (N, C); the conv stem outputs that the neck
+ * takes (cfg->stem_skips) written to skips[l] instead of scratch. */
 static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C) */,
+                          float *const skips[2] /* each (c_i, h_i, w_i) */,
                           const float *input /* (3, ph, pw) */, const vit_weights *w,
                           const ms_config *cfg, int ph, int pw)
 {
@@ -83,8 +93,10 @@ static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C)
         for (int i = 0; i < cfg->n_stem; i++) {
             const ms_conv *cv = &w->stem[i];
             int ho = (h + 2 - 3) / 2 + 1, wo = (wd + 2 - 3) / 2 + 1;
-            float *y;
-            ALLOC_F32(y, (size_t)cv->co * ho * wo);
+            float *y = NULL;
+            for (int l = 0; l < cfg->n_stem_skips; l++)
+                if (vit_stem_skip_index(cfg, l) == i) y = skips[l];
+            if (!y) ALLOC_F32(y, (size_t)cv->co * ho * wo);
             MS_TRY(op_conv2d(be, y, x, cv->w, cv->b, c, h, wd, cv->co, 3, 3, 2, 1, MS_ACT_RELU));
             x = y, c = cv->co, h = ho, wd = wo;
         }
@@ -99,9 +111,10 @@ static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C)
     return MS_OK;
 }
 
-ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float *input,
-                      const float *pos, const vit_weights *w, const ms_config *cfg,
-                      const vit_run *run, int batch, int ph, int pw, const ms_trace *tr)
+ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], float *const skips[2],
+                      const float *input, const float *pos, const vit_weights *w,
+                      const ms_config *cfg, const vit_run *run, int batch, int ph, int pw,
+                      const ms_trace *tr)
 {
     const int C = cfg->embed_dim, H = cfg->num_heads, p = cfg->patch_size;
     const int hp = ph / p, wp = pw / p, N = hp * wp, R = cfg->mlp_ratio * C;
@@ -119,8 +132,11 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], const float
     for (int b = 0; b < batch; b++) {
         float *xb = x + b * img_tokens; /* (T, C) */
         if (nc) MS_TRY(op_crop(be, xb, w->cls_token, 1, 1, C, 1, C));
-        MS_TRY(vit_stem(be, act, xb + (size_t)nc * C, input + (size_t)b * 3 * ph * pw, w, cfg,
-                        ph, pw));
+        float *skips_b[2] = {NULL, NULL};
+        for (int l = 0; l < cfg->n_stem_skips; l++)
+            skips_b[l] = skips[l] + (size_t)b * vit_stem_skip_floats(cfg, l, ph, pw);
+        MS_TRY(vit_stem(be, act, xb + (size_t)nc * C, skips_b, input + (size_t)b * 3 * ph * pw,
+                        w, cfg, ph, pw));
         MS_TRY(op_add(be, xb, xb, pos, img_tokens));
     }
     const int64_t tok_shape[2] = {T, C}, map_shape[3] = {C, hp, wp};

@@ -7,6 +7,7 @@
 
 typedef struct {
     ms_conv lateral[4], convs[4];   /* mln: 1x1 and 3x3 convs with bias */
+    ms_conv stem[2];                /* mln stem_skips: 1x1 convs with bias */
     ms_conv fpn1a, fpn1b, fpn2;     /* fpn-deconv: 2x2 transposed convs (fpn1a has BN folded) */
 } neck_weights;
 
@@ -22,9 +23,12 @@ typedef struct {
 /* Level l's size for a (hp, wp) token grid. */
 void neck_level_size(int *h, int *w, const ms_config *cfg, int level, int hp, int wp);
 
-/* taps (C, hp, wp) -> levels (Cn, h_l, w_l); a level may alias a tap. */
+/* taps (C, hp, wp) -> levels (Cn, h_l, w_l); a level may alias a tap.
+ * skips: the conv stem outputs cfg->stem_skips names (level l's size). */
 ms_status neck_forward(ms_backend *be, ms_arena *act, float *levels[4],
-                       float *const taps[4] /* each (C, hp, wp) */, const neck_weights *w,
+                       float *const taps[4] /* each (C, hp, wp) */,
+                       float *const skips[2] /* each (c_l, h_l, w_l) or unused */,
+                       const neck_weights *w,
                        const ms_config *cfg, int hp, int wp, const ms_trace *tr);
 
 /* levels -> logits (classes, h0, w0) at level-0 size. */

@@ -26,8 +26,8 @@ void neck_level_size(int *h, int *w, const ms_config *cfg, int level, int hp, in
 }
 
 ms_status neck_forward(ms_backend *be, ms_arena *act, float *levels[4], float *const taps[4],
-                       const neck_weights *w, const ms_config *cfg, int hp, int wp,
-                       const ms_trace *tr)
+                       float *const skips[2], const neck_weights *w, const ms_config *cfg,
+                       int hp, int wp, const ms_trace *tr)
 {
     const int C = cfg->embed_dim, Cn = cfg->neck_channels;
     for (int l = 0; l < 4; l++) {
@@ -50,6 +50,14 @@ ms_status neck_forward(ms_backend *be, ms_arena *act, float *levels[4], float *c
             MS_TRY(op_conv2d(be, lat, taps[l], a->w, a->b, C, hp, wp, Cn, 1, 1, 1, 0, MS_ACT_NONE));
             MS_TRY(op_resize_bilinear(be, up, lat, Cn, hp, wp, h, wd, mln_scales[l],
                                       mln_scales[l]));
+            if (l < cfg->n_stem_skips) { /* + the stem's detail at this size, before the 3x3 */
+                const ms_conv *s = &w->stem[l];
+                float *sk = arena_alloc(act, (size_t)Cn * h * wd * sizeof(float));
+                if (!sk) return MS_ERR_OOM;
+                MS_TRY(op_conv2d(be, sk, skips[l], s->w, s->b, s->ci, h, wd, Cn, 1, 1, 1, 0,
+                                 MS_ACT_NONE));
+                MS_TRY(op_add(be, up, up, sk, (size_t)Cn * h * wd));
+            }
             MS_TRY(op_conv2d(be, levels[l], up, b->w, b->b, Cn, h, wd, Cn, 3, 3, 1, 1,
                              MS_ACT_NONE));
             arena_reset(act, mark);

@@ -54,6 +54,11 @@ check "info exits 0" test $? -eq 0
 check "info prints config, grid, params, tensor table" bash -c \
     "grep -q '\"backbone\"' info.txt && grep -q 'tokens' info.txt && grep -q 'parameters' info.txt && grep -q 'decode_head.conv_seg.weight' info.txt"
 "$BIN" info /nonexistent.safetensors >/dev/null 2>&1; check "info on a missing file: 1" test $? -eq 1
+if [ -f "$FIX/stem_skips.model.safetensors" ]; then
+    "$BIN" info "$FIX/stem_skips.model.safetensors" > info_sk.txt 2>&1
+    check "info names the neck's stem skips and their tensors" bash -c \
+        "grep -q 'levels 0-1 add the conv stem' info_sk.txt && grep -q 'neck.stem_convs.1.conv.weight' info_sk.txt && ! grep -q 'add the conv stem' info.txt"
+fi
 
 # ---- input forms ----------------------------------------------------------------
 seg in/a.png in/b.jpg -o o_files 2>err.txt

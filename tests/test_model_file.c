@@ -132,7 +132,7 @@ START_TEST(test_config_full)
         "\"pos_grid\":[5,6],\"out_indices\":[1,2,3,5],\"final_norm\":true,\"cls_token\":true,"
         "\"attention\":{\"type\":\"full\",\"landmarks\":[3,4],\"topk\":9,\"shared_scale\":\"sqrt_d\"},"
         "\"unknown_key\":[1,2]},"
-        "\"neck\":{\"type\":\"mln\",\"out_channels\":48},"
+        "\"neck\":{\"type\":\"mln\",\"out_channels\":48,\"stem_skips\":1},"
         "\"decoder\":{\"type\":\"uperhead\",\"channels\":128,\"pool_scales\":[1,2],\"bn_eps\":0.001},"
         "\"classes\":[\"a\"],\"palette\":[[0,128,255]],\"ignore_index\":255,"
         "\"input\":{\"mean\":[1,2,3],\"std\":[4,5,6],\"short_side\":360,\"pad_multiple\":32,"
@@ -143,6 +143,7 @@ START_TEST(test_config_full)
     ck_assert_int_eq(c.stem, MS_STEM_CONV);
     ck_assert_int_eq(c.n_stem, 3);
     ck_assert_int_eq(c.stem_channels[2], 32);
+    ck_assert_int_eq(c.n_stem_skips, 1);
     ck_assert_int_eq(c.mlp_ratio, 2);
     ck_assert_float_eq(c.ln_eps, 1e-5f);
     ck_assert_int_eq(c.pos_grid[1], 6);
@@ -253,6 +254,12 @@ static const struct {
     {"\"classes\":", "\"input\":{\"slide\":{\"crop\":[64,64],\"stride\":[32,65]}},\"classes\":",
      "input.slide.stride 65 is larger than the crop 64"},
     {"\"classes\":", "\"input\":{\"slide\":[512]},\"classes\":", "input.slide: expected an object"},
+    {"\"classes\":", "\"neck\":{\"type\":\"mln\",\"stem_skips\":1},\"classes\":",
+     "neck.stem_skips: needs the mln neck and a conv stem of 3 or more convs"},
+    {"\"pos_grid\":[4,4]", "\"pos_grid\":[4,4],\"stem\":{\"type\":\"conv\",\"channels\":[8,8,8,8]}},"
+     "\"neck\":{\"type\":\"none\",\"stem_skips\":2},\"x\":{", "neck.stem_skips: needs the mln neck"},
+    {"\"pos_grid\":[4,4]", "\"pos_grid\":[4,4],\"stem\":{\"type\":\"conv\",\"channels\":[8,8,8,8]}},"
+     "\"neck\":{\"type\":\"mln\",\"stem_skips\":3},\"x\":{", "neck.stem_skips: 3 out of range 0..2"},
     {"]]}", "]]", "config: not valid JSON"},
 };
 

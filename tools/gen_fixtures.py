@@ -120,6 +120,12 @@ CASES = [
         input__slide={"crop": [24, 28], "stride": [16, 12]}), (59, 77), "F32",
      "mmseg slide_inference: 59x77 -> 40x52, 2x3 windows of 24x28 (strides 16, 12), each "
      "padded to 32x32, logits resized to the window, summed, divided by the count; full attention"),
+    ("stem_skips", base_cfg(
+        backbone__stem={"type": "conv", "channels": [8, 16, 12]}, backbone__pos_grid=[5, 10],
+        backbone__attention={"type": "mita", "landmarks": [3, 4], "topk": 10, "shared_scale": "sqrt_d"},
+        neck__stem_skips=2), (40, 80), "F32",
+     "conv stem p8 [8,16,12], mln neck whose levels 0 and 1 add the stem's 1/2 and 1/4 "
+     "outputs by 1x1 convs (neck.stem_skips), MiTA 3x4 k10 sqrt_d"),
 ]
 
 

@@ -106,6 +106,23 @@ def neck_channels(cfg):
     return cfg["backbone"]["embed_dim"]
 
 
+def stem_skips(cfg):
+    """The conv stem outputs (by index) that the mln neck's first
+    neck.stem_skips (0, 1 or 2) levels take: each level the one of its size.
+    Level l is 4 / 2^l times the token grid, stem output i 2^(n-1-i) times
+    it (n stem convs), so level l takes output n - 3 + l."""
+    ns = cfg["neck"].get("stem_skips", 0)
+    if not ns:
+        return []
+    bb = cfg["backbone"]
+    if cfg["neck"]["type"] != "mln" or bb["stem"]["type"] != "conv":
+        raise ValueError("neck.stem_skips needs the mln neck and a conv stem")
+    n = len(bb["stem"]["channels"])
+    if not isinstance(ns, int) or not 0 <= ns <= 2 or n - 3 < 0:
+        raise ValueError("neck.stem_skips: 0, 1 or 2, with at least 3 stem convs")
+    return [n - 3 + l for l in range(ns)]
+
+
 def resolve_attention(cfg_att, override):
     """Training config attention, with any run-time override applied."""
     att = dict(cfg_att)
@@ -352,9 +369,12 @@ class ConvStem(nn.Module):
         self.n = n
         self.proj = nn.Conv2d(cin, dim, 1, bias=True)
 
-    def forward(self, x):
+    def forward(self, x, skips=None):
+        """skips: a list that receives each 3x3 conv's output (1/2, 1/4, ...)."""
         for i in range(self.n):
             x = getattr(self, str(i))(x)
+            if skips is not None:
+                skips.append(x)
         return self.proj(x)
 
 
@@ -394,10 +414,11 @@ class Backbone(nn.Module):
         if bb["final_norm"]:
             self.norm = nn.LayerNorm(C, eps=bb["ln_eps"])
 
-    def forward(self, x, att, stages=None):
-        """x (B, 3, H, W) normalised, padded. Returns the 4 taps (B, C, Hp, Wp)."""
+    def forward(self, x, att, stages=None, skips=None):
+        """x (B, 3, H, W) normalised, padded. Returns the 4 taps (B, C, Hp, Wp).
+        skips: a list that receives the conv stem's outputs (conv stem only)."""
         bb = self.cfg
-        x = self.patch_embed(x) if bb["stem"]["type"] == "patch" else self.stem(x)
+        x = self.patch_embed(x) if bb["stem"]["type"] == "patch" else self.stem(x, skips)
         B, C, Hp, Wp = x.shape
         nc = self.ncls
         pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp), nc)
@@ -455,15 +476,23 @@ class _ConvWithBias(nn.Module):
 
 
 class MLNNeck(nn.Module):
-    """MultiLevelNeck: 1x1 conv, resize by scale 4/2/1/0.5, 3x3 conv."""
+    """MultiLevelNeck: 1x1 conv, resize by scale 4/2/1/0.5, 3x3 conv.
+
+    stem_channels (neck.stem_skips, the engine's extension, conv stem only):
+    level l also takes the conv stem output of its size (stem_skips(cfg)[l],
+    of stem_channels[l] channels) through a 1x1 conv with bias, added before
+    the 3x3 conv: the stem's high-resolution detail for thin classes that
+    the 1/16 tokens lose."""
     SCALES = (4, 2, 1, 0.5)
 
-    def __init__(self, cin, cout):
+    def __init__(self, cin, cout, stem_channels=()):
         super().__init__()
         self.lateral_convs = nn.ModuleList([_ConvWithBias(cin, cout, 1) for _ in range(4)])
         self.convs = nn.ModuleList([_ConvWithBias(cout, cout, 3, 1) for _ in range(4)])
+        if stem_channels:
+            self.stem_convs = nn.ModuleList([_ConvWithBias(c, cout, 1) for c in stem_channels])
 
-    def forward(self, taps):
+    def forward(self, taps, skips=()):
         outs = []
         for l, t in enumerate(taps):
             x = self.lateral_convs[l](t)
@@ -471,6 +500,8 @@ class MLNNeck(nn.Module):
                 # scale_factor semantics: out = floor(S*scale), coords by 1/scale
                 x = F.interpolate(x, scale_factor=self.SCALES[l], mode="bilinear",
                                   align_corners=False)
+            if l < len(skips):
+                x = x + self.stem_convs[l](skips[l])
             outs.append(self.convs[l](x))
         return outs
 
@@ -539,7 +570,8 @@ class MitaSeg(nn.Module):
         C = cfg["backbone"]["embed_dim"]
         nt = cfg["neck"]["type"]
         if nt == "mln":
-            self.neck = MLNNeck(C, cfg["neck"]["out_channels"])
+            self.neck = MLNNeck(C, cfg["neck"]["out_channels"],
+                                [cfg["backbone"]["stem"]["channels"][i] for i in stem_skips(cfg)])
         elif nt == "fpn-deconv":
             self.neck = FPNDeconvNeck(C, cfg["decoder"]["bn_eps"])
         elif nt != "none":
@@ -555,8 +587,15 @@ class MitaSeg(nn.Module):
         shared_scale}, any subset). stages: optional dict filled with every
         intermediate (see the module docstring)."""
         att = resolve_attention(self.cfg["backbone"]["attention"], attn)
-        taps = self.backbone(x, att, stages)
-        feats = self.neck(taps) if self.cfg["neck"]["type"] != "none" else list(taps)
+        sk = stem_skips(self.cfg)
+        stem_out = [] if sk else None
+        taps = self.backbone(x, att, stages, stem_out)
+        if self.cfg["neck"]["type"] == "none":
+            feats = list(taps)
+        elif sk:
+            feats = self.neck(taps, [stem_out[i] for i in sk])
+        else:
+            feats = self.neck(taps)
         if stages is not None:
             for l, f in enumerate(feats):
                 stages["neck.%d" % l] = f

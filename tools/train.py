@@ -633,8 +633,18 @@ def main(argv=None):
         for k, v in src.state_dict().items():
             if k not in want or want[k].shape != v.shape:
                 raise SystemExit("%s: tensor %s does not fit the config's model" % (args.init_model, k))
-        model.load_state_dict(src.state_dict())
-        log_line(args.out, "# model from %s" % args.init_model)
+        # a model without the neck's stem skips grows them: zero 1x1 convs,
+        # so training starts from exactly the given model's function
+        new = sorted(k for k in want if k not in src.state_dict())
+        if any(not k.startswith("neck.stem_convs.") for k in new):
+            raise SystemExit("%s: the config's model has tensors the file lacks: %s" % (
+                args.init_model, ", ".join(k for k in new if not k.startswith("neck.stem_convs."))))
+        model.load_state_dict(src.state_dict(), strict=not new)
+        with torch.no_grad():
+            for k in new:
+                want[k].zero_()
+        log_line(args.out, "# model from %s%s" % (args.init_model,
+                                                  " (new, zero: %s)" % ", ".join(new) if new else ""))
     if args.init_backbone and not args.resume:
         import convert
         loaded, skipped = convert.init_backbone(model, args.init_backbone)

@@ -8,6 +8,7 @@ restored); export writes a model file that mitaseg_ref.load_model reads back
 with the checkpoint's outputs.
 """
 
+import copy
 import json
 import os
 import re
@@ -188,12 +189,12 @@ class TestTrainResumeExport(unittest.TestCase):
             self.assertEqual(tuple(mask.shape), (64, 96))
 
 
-def first_checkpoint_at_lr0(root, *init_args):
+def first_checkpoint_at_lr0(root, *init_args, model=MODEL):
     """Model state after one epoch at lr 0 on root/data, started with init_args:
     exactly the initial weights, so an --init-* flag's effect can be compared."""
     config = os.path.join(root, "tiny.json")
     with open(config, "w") as f:
-        json.dump({"model": MODEL, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
+        json.dump({"model": model, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
     run_tool("train.py", "--config", config, "--out", os.path.join(root, "run"), "--epochs", 1,
              "--no-val", *init_args)
     return torch.load(os.path.join(root, "run", "last.pt"))["model"]
@@ -215,6 +216,37 @@ class TestInitModel(unittest.TestCase):
             for k, v in R.model_tensors(src).items():
                 if not k.endswith(("running_mean", "running_var")):
                     self.assertTrue(torch.equal(got[k], v), k)
+
+    def test_init_model_grows_stem_skips(self):
+        # a model file without the neck's stem skips, continued with them: the
+        # file's tensors as they are, the new 1x1 convs zero (the same function)
+        conv = copy.deepcopy(MODEL)
+        conv["backbone"]["stem"] = {"type": "conv", "channels": [4, 8, 8, 16]}
+        skips = copy.deepcopy(conv)
+        skips["neck"]["stem_skips"] = 2
+        with tempfile.TemporaryDirectory() as root:
+            make_dataset(os.path.join(root, "data"), n_train=2, n_val=1)
+            torch.manual_seed(1)
+            src = R.MitaSeg(conv)
+            path = os.path.join(root, "init.safetensors")
+            R.save_model(src, path)
+            got = first_checkpoint_at_lr0(root, "--init-model", path, model=skips)
+            have = R.model_tensors(src)
+            for k, v in have.items():
+                if not k.endswith(("running_mean", "running_var")):
+                    self.assertTrue(torch.equal(got[k], v), k)
+            new = sorted(k for k in got if k not in have and not k.endswith("num_batches_tracked"))
+            self.assertEqual(new, ["neck.stem_convs.%d.conv.%s" % (l, t)
+                                   for l in (0, 1) for t in ("bias", "weight")])
+            for k in new:
+                self.assertEqual(got[k].abs().max().item(), 0.0, k)
+            # and the grown model computes what the file's does
+            grown = R.MitaSeg(skips).eval()
+            grown.load_state_dict(got)
+            src.load_state_dict({k: got[k] for k in src.state_dict()})
+            x = torch.randn(1, 3, 64, 96)
+            with torch.no_grad():
+                self.assertTrue(torch.equal(grown(x), src.eval()(x)))
 
 
 class TestInitBackbone(unittest.TestCase):
