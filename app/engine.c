@@ -724,8 +724,7 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     for (int l = 0; l < c->n_stem_skips; l++)
         ALLOC(skips[l], (size_t)B * NW * vit_stem_skip_floats(c, l, g->ph, g->pw) * sizeof(float));
     MS_TRY(vit_forward(be, act, taps, skips, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph,
-                       g->pw,
-                       tr));
+                       g->pw, tr));
 
     /* Neck, head and postprocessing per image (and window), each on the same
      * scratch. */

@@ -74,7 +74,7 @@ size_t vit_stem_skip_floats(const ms_config *cfg, int l, int ph, int pw)
 }
 
 /* Stem: (3, ph, pw) -> tokens (N, C); the conv stem outputs that the neck
- * takes (cfg->stem_skips) written to skips[l] instead of scratch. */
+ * takes (cfg->n_stem_skips) written to skips[l] instead of scratch. */
 static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C) */,
                           float *const skips[2] /* each (c_i, h_i, w_i) */,
                           const float *input /* (3, ph, pw) */, const vit_weights *w,
