@@ -205,17 +205,23 @@ class TestInitModel(unittest.TestCase):
     with lr 0 the first checkpoint holds the file's weights (BatchNorm running
     statistics excepted: a training-mode forward updates them)."""
 
+    def init_from_file(self, root, file_model, model):
+        """(model saved to a file, first checkpoint of a run on model started
+        from it with --init-model); the file's tensors checked unchanged."""
+        make_dataset(os.path.join(root, "data"), n_train=2, n_val=1)
+        torch.manual_seed(1)
+        src = R.MitaSeg(file_model)
+        path = os.path.join(root, "init.safetensors")
+        R.save_model(src, path)
+        got = first_checkpoint_at_lr0(root, "--init-model", path, model=model)
+        for k, v in R.model_tensors(src).items():
+            if not k.endswith(("running_mean", "running_var")):
+                self.assertTrue(torch.equal(got[k], v), k)
+        return src, got
+
     def test_init_model(self):
         with tempfile.TemporaryDirectory() as root:
-            make_dataset(os.path.join(root, "data"), n_train=2, n_val=1)
-            torch.manual_seed(1)
-            src = R.MitaSeg(MODEL)
-            path = os.path.join(root, "init.safetensors")
-            R.save_model(src, path)
-            got = first_checkpoint_at_lr0(root, "--init-model", path)
-            for k, v in R.model_tensors(src).items():
-                if not k.endswith(("running_mean", "running_var")):
-                    self.assertTrue(torch.equal(got[k], v), k)
+            self.init_from_file(root, MODEL, MODEL)
 
     def test_init_model_grows_stem_skips(self):
         # a model file without the neck's stem skips, continued with them: the
@@ -225,16 +231,8 @@ class TestInitModel(unittest.TestCase):
         skips = copy.deepcopy(conv)
         skips["neck"]["stem_skips"] = 2
         with tempfile.TemporaryDirectory() as root:
-            make_dataset(os.path.join(root, "data"), n_train=2, n_val=1)
-            torch.manual_seed(1)
-            src = R.MitaSeg(conv)
-            path = os.path.join(root, "init.safetensors")
-            R.save_model(src, path)
-            got = first_checkpoint_at_lr0(root, "--init-model", path, model=skips)
+            src, got = self.init_from_file(root, conv, skips)
             have = R.model_tensors(src)
-            for k, v in have.items():
-                if not k.endswith(("running_mean", "running_var")):
-                    self.assertTrue(torch.equal(got[k], v), k)
             new = sorted(k for k in got if k not in have and not k.endswith("num_batches_tracked"))
             self.assertEqual(new, ["neck.stem_convs.%d.conv.%s" % (l, t)
                                    for l in (0, 1) for t in ("bias", "weight")])
