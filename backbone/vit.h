@@ -74,8 +74,9 @@ size_t vit_stem_skip_floats(const ms_config *cfg, int l, int ph, int pw);
 
 /* The backbone over a batch of same-size images: inputs (B, 3, ph, pw) ->
  * four taps (B, C, hp, wp), and the conv stem outputs the neck takes
- * (skips[l], each (B, c, h, w), cfg->n_stem_skips of them). Each image's sequence is T = ncls + N tokens, the
- * class token (if any) first; the taps drop it. The images' tokens are
+ * (skips[l], each (B, c, h, w), cfg->n_stem_skips of them). Each image's
+ * sequence is T = ncls + N tokens, the class token (if any) first; the
+ * taps drop it. The images' tokens are
  * stacked (B*T, C), so the
  * LayerNorms, linears (GELU and residual adds fused) run once over B*N rows:
  * bigger GEMMs. The stem, the attention (it mixes tokens within one image)

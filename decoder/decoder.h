@@ -24,7 +24,8 @@ typedef struct {
 void neck_level_size(int *h, int *w, const ms_config *cfg, int level, int hp, int wp);
 
 /* taps (C, hp, wp) -> levels (Cn, h_l, w_l); a level may alias a tap.
- * skips: the conv stem outputs cfg->stem_skips names (level l's size). */
+ * skips: the conv stem outputs levels l < cfg->n_stem_skips add (each
+ * level l's size). */
 ms_status neck_forward(ms_backend *be, ms_arena *act, float *levels[4],
                        float *const taps[4] /* each (C, hp, wp) */,
                        float *const skips[2] /* each (c_l, h_l, w_l) or unused */,
