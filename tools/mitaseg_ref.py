@@ -329,6 +329,11 @@ class Mlp(nn.Module):
 class Block(nn.Module):
     """Pre-norm ViT block: x += proj(attn(LN1 x)); x += fc2(GELU(fc1(LN2 x)))."""
 
+    # stochastic depth rate (train.py's drop_path knob): in training mode each
+    # sample's branch is dropped with this probability, kept ones scaled by
+    # 1 / (1 - rate); inference (eval mode) is the plain block
+    drop_path = 0.0
+
     def __init__(self, dim, num_heads, mlp_ratio, ln_eps):
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
@@ -336,9 +341,17 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
+    def _branch(self, y):
+        """y (B, T, C): the residual branch, stochastic depth applied."""
+        if not self.training or self.drop_path <= 0.0:
+            return y
+        keep = 1.0 - self.drop_path
+        mask = y.new_empty((y.shape[0], 1, 1)).bernoulli_(keep)
+        return y * (mask / keep)
+
     def forward(self, x, grid, att, record=None, ncls=0):
-        x = x + self.attn(self.norm1(x), grid, att, record, ncls)
-        return x + self.mlp(self.norm2(x))
+        x = x + self._branch(self.attn(self.norm1(x), grid, att, record, ncls))
+        return x + self._branch(self.mlp(self.norm2(x)))
 
 
 class PatchEmbed(nn.Module):

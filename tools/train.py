@@ -242,6 +242,41 @@ def cutmix(x, y, cm, rng):
     return x, y
 
 
+def copy_paste(x, y, cp, class_ids, rng):
+    """Copy-paste of chosen classes (Ghiasi et al. 2021, with ClassMix's
+    label masks): with probability cp["prob"] each sample of the batch gets,
+    from another sample, every pixel labelled one of class_ids (the config's
+    cp["classes"], by name), image and label alike. The rare thin classes then
+    appear on other streets, at other scales and in other light than the
+    frames that have them. rng: a random.Random (reproducible on resume)."""
+    if not cp or cp.get("prob", 0) <= 0 or x.shape[0] < 2 or not class_ids:
+        return x, y
+    n = x.shape[0]
+    ids = torch.tensor(sorted(class_ids), dtype=y.dtype)
+    src_x, src_y = x.clone(), y.clone()
+    x, y = x.clone(), y.clone()
+    for i in range(n):
+        if rng.random() >= cp["prob"]:
+            continue
+        j = (i + rng.randrange(1, n)) % n  # another sample
+        m = torch.isin(src_y[j], ids)     # (h, w)
+        x[i][:, m] = src_x[j][:, m]
+        y[i][m] = src_y[j][m]
+    return x, y
+
+
+def copy_paste_ids(tcfg, mcfg):
+    """The class indices copy_paste takes, from the config's class names."""
+    cp = tcfg.get("copy_paste")
+    if not cp:
+        return []
+    names = mcfg["classes"]
+    unknown = [c for c in cp.get("classes", []) if c not in names]
+    if unknown:
+        raise SystemExit("copy_paste.classes: %s not among the model's classes" % ", ".join(unknown))
+    return [names.index(c) for c in cp.get("classes", [])]
+
+
 def epoch_keys(rng, n, steps, bs):
     """(index, seed) for each sample of one epoch: a shuffled order, drop-last batches."""
     order = list(range(n))
@@ -402,6 +437,14 @@ class ModelEMA:
                 v.mul_(d).add_(src[k].detach(), alpha=1 - d)
             else:
                 v.copy_(src[k])
+
+
+def set_drop_path(model, rate):
+    """Stochastic depth, the rate rising linearly from 0 at the first block to
+    rate at the last (DeiT's schedule); training mode only."""
+    blocks = model.backbone.blocks
+    for i, blk in enumerate(blocks):
+        blk.drop_path = rate * i / max(1, len(blocks) - 1)
 
 
 def param_groups(modules, wd):
@@ -594,6 +637,7 @@ def main(argv=None):
     full_cfg = load_config(args.config)
     mcfg = R.complete_config(full_cfg["model"])
     tcfg = full_cfg["train"]
+    paste_ids = copy_paste_ids(tcfg, mcfg)
     val_every = args.val_every or tcfg.get("val_every", 3)
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(args.threads or tcfg.get("threads", 2))
@@ -652,6 +696,7 @@ def main(argv=None):
                  % (args.init_backbone, len(loaded), " ".join(skipped) or "none"))
     K = len(mcfg["classes"])
     aux = AuxHead(mcfg["backbone"]["embed_dim"], tcfg.get("aux_channels", 64), K)
+    set_drop_path(model, float(tcfg.get("drop_path", 0.0)))
     place([model, aux], device, plan)
     ema = ModelEMA(model, tcfg["ema"]) if tcfg.get("ema") else None
 
@@ -739,6 +784,8 @@ def main(argv=None):
         n_steps = 0
         for x, y in loader:
             x, y = cutmix(x, y, tcfg.get("cutmix"), random.Random(seed * 1000003 + step))
+            x, y = copy_paste(x, y, tcfg.get("copy_paste"), paste_ids,
+                              random.Random(seed * 1000033 + step))
             x, y = to_input(x, device, plan), y.to(device, non_blocking=True)
             with autocast(device, plan):
                 stages = {}

@@ -104,7 +104,9 @@ class TestConfigBase(unittest.TestCase):
                 "crop240-seed1": ("-crop240", {"seed"}),
                 "crop240-clip15": ("-crop240", {"class_weighting"}),
                 "skips": ("", set()), "crop240-skips": ("-crop240", set()),
-                "crop240-skips-seed1": ("-crop240-skips", {"seed"})}
+                "crop240-skips-seed1": ("-crop240-skips", {"seed"}),
+                "crop240-skips-dp01": ("-crop240-skips", {"drop_path"}),
+                "crop240-skips-paste": ("-crop240-skips", {"copy_paste"})}
         found = {f[len("camvid-mita-xseq-"):-len(".json")] for f in os.listdir(cdir)
                  if f.startswith("camvid-mita-xseq-") and f.endswith(".json")}
         self.assertEqual(found, set(want))
@@ -389,6 +391,92 @@ class TestCutMix(unittest.TestCase):
         a1, b1 = T.cutmix(x, y, {"prob": 0.5}, random.Random(7))
         a2, b2 = T.cutmix(x, y, {"prob": 0.5}, random.Random(7))
         self.assertTrue(torch.equal(a1, a2) and torch.equal(b1, b2))
+
+
+class TestCopyPaste(unittest.TestCase):
+    def batch(self):
+        # sample i: image values 100 i + pixel index, labels a pattern of classes 0..4
+        x = (torch.arange(3 * 6 * 8, dtype=torch.float32).reshape(1, 3, 6, 8)
+             + 100.0 * torch.arange(4).view(4, 1, 1, 1))
+        y = torch.stack([(torch.arange(48).reshape(6, 8) + i) % 5 for i in range(4)]).to(torch.uint8)
+        return x, y
+
+    def test_off_single_sample_and_no_classes_are_identity(self):
+        x, y = self.batch()
+        for cp, ids in ((None, [1]), ({}, [1]), ({"prob": 0.0}, [1]), ({"prob": 1.0}, [])):
+            a, b = T.copy_paste(x, y, cp, ids, random.Random(1))
+            self.assertTrue(torch.equal(a, x) and torch.equal(b, y))
+        a, b = T.copy_paste(x[:1], y[:1], {"prob": 1.0}, [1], random.Random(1))
+        self.assertTrue(torch.equal(a, x[:1]) and torch.equal(b, y[:1]))
+
+    def test_pixels_of_the_classes_move_with_their_labels(self):
+        x, y = self.batch()
+        for seed in range(10):
+            a, b = T.copy_paste(x, y, {"prob": 1.0}, [1, 3], random.Random(seed))
+            self.assertTrue(torch.equal(x, self.batch()[0]))  # the input is not changed
+            for i in range(4):
+                # where another sample j had class 1 or 3, sample i now has j's
+                # pixel and label; everywhere else its own
+                src = torch.div(a[i, 0], 100, rounding_mode="floor").long()   # (h, w) sample index
+                js = set(src.unique().tolist()) - {i}
+                self.assertEqual(len(js), 1)                  # one other sample
+                j = js.pop()
+                m = (y[j] == 1) | (y[j] == 3)
+                self.assertTrue(torch.equal(src == j, m))
+                self.assertTrue(torch.equal(b[i][m], y[j][m]))
+                self.assertTrue(torch.equal(b[i][~m], y[i][~m]))
+                self.assertTrue(torch.equal(a[i][:, m], x[j][:, m]))
+
+    def test_class_names_and_config(self):
+        mcfg = {"classes": ["Sky", "Pole", "Road"]}
+        self.assertEqual(T.copy_paste_ids({}, mcfg), [])
+        self.assertEqual(T.copy_paste_ids({"copy_paste": {"prob": 0.5, "classes": ["Road", "Pole"]}},
+                                          mcfg), [2, 1])
+        with self.assertRaises(SystemExit):
+            T.copy_paste_ids({"copy_paste": {"prob": 0.5, "classes": ["Pole", "Tram"]}}, mcfg)
+        cfg = T.load_config(os.path.join(TOOLS_DIR, "configs", "camvid-mita-xseq-crop240-skips-paste.json"))
+        self.assertEqual(T.copy_paste_ids(cfg["train"], cfg["model"]), [2, 6, 9, 10])
+
+
+class TestDropPath(unittest.TestCase):
+    def test_rates_rise_linearly_over_the_blocks(self):
+        cfg = T.load_config(os.path.join(TOOLS_DIR, "configs", "camvid-mita-xseq-crop240-skips-dp01.json"))
+        self.assertEqual(cfg["train"]["drop_path"], 0.1)
+        model = R.MitaSeg(cfg["model"])
+        T.set_drop_path(model, 0.1)
+        rates = [b.drop_path for b in model.backbone.blocks]
+        self.assertEqual(len(rates), 12)
+        for i, r in enumerate(rates):
+            self.assertAlmostEqual(r, 0.1 * i / 11)
+
+    def test_branch_dropped_per_sample_and_rescaled_in_training_only(self):
+        blk = R.Block(8, 2, 2, 1e-6)
+        blk.drop_path = 0.5
+        y = torch.randn(400, 3, 8)
+        blk.eval()
+        self.assertTrue(torch.equal(blk._branch(y), y))
+        blk.train()
+        torch.manual_seed(0)
+        out = blk._branch(y)
+        kept = [torch.equal(out[i], y[i] * 2.0) for i in range(400)]
+        dropped = [bool((out[i] == 0).all()) for i in range(400)]
+        self.assertTrue(all(a != b for a, b in zip(kept, dropped)))  # each sample all or nothing
+        self.assertTrue(150 < sum(kept) < 250, sum(kept))           # about half kept
+        blk.drop_path = 0.0
+        self.assertTrue(torch.equal(blk._branch(y), y))
+
+    def test_block_in_eval_mode_is_the_plain_block(self):
+        torch.manual_seed(1)
+        blk = R.Block(8, 2, 2, 1e-6).eval()
+        x = torch.randn(2, 16, 8)
+        att = {"type": "full"}
+        want = blk(x, (4, 4), att)
+        blk.drop_path = 0.3
+        self.assertTrue(torch.equal(blk(x, (4, 4), att), want))
+        blk.train()
+        torch.manual_seed(3)
+        outs = [blk(x, (4, 4), att) for _ in range(20)]
+        self.assertTrue(any(not torch.equal(o, want) for o in outs))
 
 
 class TestEmaScheduleBudget(unittest.TestCase):
