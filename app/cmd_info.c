@@ -173,9 +173,6 @@ int cmd_info(int argc, char **argv)
         printf("; levels 0-%d add the conv stem's output of their size", c->n_stem_skips - 1);
     printf("), UperHead %d channels, pool scales", c->head_channels);
     for (int i = 0; i < c->n_pool; i++) printf(" %d", c->pool_scales[i]);
-    if (c->refine_channels)
-        printf("; logits refined at twice the size with the conv stem's output of that size "
-               "(%d channels)", c->refine_channels);
     printf("\n  classes                %d", c->n_classes);
     if (c->ignore_index >= 0) printf(", ignore index %d", c->ignore_index);
     printf("\n  position embedding     trained at a %d x %d token grid (rows x cols; bicubic to others)\n",

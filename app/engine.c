@@ -264,7 +264,7 @@ static void load_weights(loader *ld, ms_engine *e)
         for (int l = 0; l < c->n_stem_skips; l++) {
             char name[64];
             snprintf(name, sizeof name, "neck.stem_convs.%d.conv", l);
-            load_conv(ld, &n->stem[l], Cn, c->stem_channels[vit_stem_kept_index(c, l)], 1, 1, true,
+            load_conv(ld, &n->stem[l], Cn, c->stem_channels[vit_stem_skip_index(c, l)], 1, 1, true,
                       false, name);
         }
     } else if (c->neck == MS_NECK_FPN_DECONV) {
@@ -287,15 +287,6 @@ static void load_weights(loader *ld, ms_engine *e)
     }
     load_conv_module(ld, &h->fpn_bottleneck, ch, 4 * ch, 3, eps, "decode_head.fpn_bottleneck");
     load_conv(ld, &h->seg, c->n_classes, ch, 1, 1, true, false, "decode_head.conv_seg");
-    if (c->refine_channels) {
-        const int rc = c->refine_channels;
-        const int sc = c->stem_channels[vit_stem_kept_index(c, vit_stem_kept(c) - 1)];
-        load_conv_module(ld, &h->refine_lateral, rc, ch, 1, eps, "decode_head.refine_lateral");
-        load_conv(ld, &h->refine_skip, rc, sc, 1, 1, true, false, "decode_head.refine_skip.conv");
-        load_conv_module(ld, &h->refine_conv, rc, rc, 3, eps, "decode_head.refine_conv");
-        load_conv(ld, &h->refine_seg, c->n_classes, rc, 1, 1, true, false,
-                  "decode_head.refine_seg");
-    }
 }
 
 /* Moves every weight pointer from the host arena to the same offset in the
@@ -729,18 +720,16 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
     vit_run run = {.attention = g->attention, .mita = g->mita, .topk_idx = rb->topk_idx,
                    .route = rb->route, .shared_mass = rb->shared_mass,
                    .blocks = rb->blocks};
-    /* each (B*NW, c, h, w): the stem outputs the neck and the head take */
-    float *kept[MS_STEM_KEPT_MAX] = {NULL};
-    const int n_kept = vit_stem_kept(c);
-    for (int j = 0; j < n_kept; j++)
-        ALLOC(kept[j], (size_t)B * NW * vit_stem_kept_floats(c, j, g->ph, g->pw) * sizeof(float));
-    MS_TRY(vit_forward(be, act, taps, kept, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph,
+    float *skips[2] = {NULL, NULL}; /* each (B*NW, c, h, w): the stem outputs the neck takes */
+    for (int l = 0; l < c->n_stem_skips; l++)
+        ALLOC(skips[l], (size_t)B * NW * vit_stem_skip_floats(c, l, g->ph, g->pw) * sizeof(float));
+    MS_TRY(vit_forward(be, act, taps, skips, rb->input, pl->pos, &e->vit, c, &run, B * NW, g->ph,
                        g->pw, tr));
 
     /* Neck, head and postprocessing per image (and window), each on the same
      * scratch. */
     int h0, w0;
-    uperhead_logits_size(&h0, &w0, c, g->hp, g->wp);
+    neck_level_size(&h0, &w0, c, 0, g->hp, g->wp);
     const int64_t lg_shape[3] = {K, g->h, g->w};
     for (int b = 0; b < B; b++) {
         size_t mark = arena_mark(act);
@@ -757,14 +746,12 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
             float *taps_b[4], *levels[4];
             for (int j = 0; j < 4; j++) /* (C, hp, wp) */
                 taps_b[j] = taps[j] + ((size_t)b * NW + wi) * C * g->n;
-            float *kept_b[MS_STEM_KEPT_MAX] = {NULL}; /* the neck's first, then the head's */
-            for (int j = 0; j < n_kept; j++)
-                kept_b[j] = kept[j] + ((size_t)b * NW + wi) *
-                                          vit_stem_kept_floats(c, j, g->ph, g->pw);
-            MS_TRY(neck_forward(be, act, levels, taps_b, kept_b, &e->neck, c, g->hp, g->wp, tr));
-            MS_TRY(uperhead_forward(be, act, net_logits, levels,
-                                    c->refine_channels ? kept_b[n_kept - 1] : NULL, &e->head, c,
-                                    g->hp, g->wp, tr));
+            float *skips_b[2] = {NULL, NULL};
+            for (int l = 0; l < c->n_stem_skips; l++)
+                skips_b[l] = skips[l] + ((size_t)b * NW + wi) *
+                                            vit_stem_skip_floats(c, l, g->ph, g->pw);
+            MS_TRY(neck_forward(be, act, levels, taps_b, skips_b, &e->neck, c, g->hp, g->wp, tr));
+            MS_TRY(uperhead_forward(be, act, net_logits, levels, &e->head, c, g->hp, g->wp, tr));
             MS_TRY(check_finite_logits(e, be, pl, net_logits, (size_t)K * h0 * w0));
             if (!g->slide) {
                 MS_TRY(logits_unpad(be, act, work, net_logits, c, h0, w0, g->ph, g->pw, g->rh,
@@ -856,7 +843,7 @@ static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_b
         return st;
     }
     int h0, w0;
-    uperhead_logits_size(&h0, &w0, e->cfg, g->hp, g->wp);
+    neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
     *host_bytes = (size_t)g->batch * 3 * g->ih * g->iw * sizeof(float) + result_bytes(g, e->cfg) +
                   (g->u8_resize ? (size_t)g->rh * g->rw * 3 +
                                       image_resize_u8_scratch(g->w, g->h, g->rw, g->rh)
@@ -935,7 +922,7 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     ms_status st = arena_init(act, act_bytes, be->device);
     if (st == MS_OK && be->device == MS_DEVICE_CUDA) {
         int h0, w0;
-        uperhead_logits_size(&h0, &w0, e->cfg, g->hp, g->wp);
+        neck_level_size(&h0, &w0, e->cfg, 0, g->hp, g->wp);
         size_t nb = (size_t)e->cfg->n_classes * h0 * w0 * sizeof(float);
         pl->host_net = ms_malloc(nb);
         if (!pl->host_net) st = ms_error(MS_ERR_OOM, "out of memory: %zu bytes", nb);

@@ -249,12 +249,6 @@ static ms_status parse_neck_decoder(ms_config *c, const cJSON *root)
         c->n_pool = 4;
     }
     MS_TRY(get_float(&c->bn_eps, dec, "bn_eps", "decoder.bn_eps", 1e-5f, 1e-30, 1.0));
-    MS_TRY(get_int(&c->refine_channels, dec, "stem_refine", "decoder.stem_refine", false, 0, 0,
-                   1024));
-    if (c->refine_channels &&
-        (c->neck != MS_NECK_MLN || c->stem != MS_STEM_CONV || c->n_stem < 4))
-        return ms_error(MS_ERR_FORMAT,
-                        "config: decoder.stem_refine: needs the mln neck and a conv stem of 4 or more convs");
     return MS_OK;
 }
 

@@ -42,9 +42,6 @@ typedef struct {
     int pool_scales[MS_MAX_POOL];
     int n_pool;
     float bn_eps;
-    int refine_channels;    /* decoder.stem_refine (mln + conv stem): the logits refined
-                             * at twice level 0's size with the conv stem output of
-                             * that size (n_stem - 4) through this many channels; 0: none */
     /* classes */
     int n_classes;
     char class_names[MS_MAX_CLASSES][MS_CLASS_NAME];

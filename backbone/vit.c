@@ -65,26 +65,18 @@ ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act, float *out, const 
     return MS_OK;
 }
 
-int vit_stem_kept(const ms_config *cfg)
-{
-    return cfg->n_stem_skips + (cfg->refine_channels ? 1 : 0);
-}
+int vit_stem_skip_index(const ms_config *cfg, int l) { return cfg->n_stem - 3 + l; }
 
-int vit_stem_kept_index(const ms_config *cfg, int j)
+size_t vit_stem_skip_floats(const ms_config *cfg, int l, int ph, int pw)
 {
-    return j < cfg->n_stem_skips ? cfg->n_stem - 3 + j : cfg->n_stem - 4;
-}
-
-size_t vit_stem_kept_floats(const ms_config *cfg, int j, int ph, int pw)
-{
-    int i = vit_stem_kept_index(cfg, j);
+    int i = vit_stem_skip_index(cfg, l);
     return (size_t)cfg->stem_channels[i] * (ph >> (i + 1)) * (pw >> (i + 1));
 }
 
-/* Stem: (3, ph, pw) -> tokens (N, C); the conv stem outputs that the
- * decoder takes (vit_stem_kept) written to kept[j] instead of scratch. */
+/* Stem: (3, ph, pw) -> tokens (N, C); the conv stem outputs that the neck
+ * takes (cfg->n_stem_skips) written to skips[l] instead of scratch. */
 static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C) */,
-                          float *const kept[MS_STEM_KEPT_MAX] /* each (c_i, h_i, w_i) */,
+                          float *const skips[2] /* each (c_i, h_i, w_i) */,
                           const float *input /* (3, ph, pw) */, const vit_weights *w,
                           const ms_config *cfg, int ph, int pw)
 {
@@ -102,8 +94,8 @@ static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C)
             const ms_conv *cv = &w->stem[i];
             int ho = (h + 2 - 3) / 2 + 1, wo = (wd + 2 - 3) / 2 + 1;
             float *y = NULL;
-            for (int j = 0; j < vit_stem_kept(cfg); j++)
-                if (vit_stem_kept_index(cfg, j) == i) y = kept[j];
+            for (int l = 0; l < cfg->n_stem_skips; l++)
+                if (vit_stem_skip_index(cfg, l) == i) y = skips[l];
             if (!y) ALLOC_F32(y, (size_t)cv->co * ho * wo);
             MS_TRY(op_conv2d(be, y, x, cv->w, cv->b, c, h, wd, cv->co, 3, 3, 2, 1, MS_ACT_RELU));
             x = y, c = cv->co, h = ho, wd = wo;
@@ -119,8 +111,7 @@ static ms_status vit_stem(ms_backend *be, ms_arena *act, float *tokens /* (N, C)
     return MS_OK;
 }
 
-ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4],
-                      float *const kept[MS_STEM_KEPT_MAX],
+ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4], float *const skips[2],
                       const float *input, const float *pos, const vit_weights *w,
                       const ms_config *cfg, const vit_run *run, int batch, int ph, int pw,
                       const ms_trace *tr)
@@ -141,10 +132,10 @@ ms_status vit_forward(ms_backend *be, ms_arena *act, float *taps[4],
     for (int b = 0; b < batch; b++) {
         float *xb = x + b * img_tokens; /* (T, C) */
         if (nc) MS_TRY(op_crop(be, xb, w->cls_token, 1, 1, C, 1, C));
-        float *kept_b[MS_STEM_KEPT_MAX] = {NULL};
-        for (int j = 0; j < vit_stem_kept(cfg); j++)
-            kept_b[j] = kept[j] + (size_t)b * vit_stem_kept_floats(cfg, j, ph, pw);
-        MS_TRY(vit_stem(be, act, xb + (size_t)nc * C, kept_b, input + (size_t)b * 3 * ph * pw,
+        float *skips_b[2] = {NULL, NULL};
+        for (int l = 0; l < cfg->n_stem_skips; l++)
+            skips_b[l] = skips[l] + (size_t)b * vit_stem_skip_floats(cfg, l, ph, pw);
+        MS_TRY(vit_stem(be, act, xb + (size_t)nc * C, skips_b, input + (size_t)b * 3 * ph * pw,
                         w, cfg, ph, pw));
         MS_TRY(op_add(be, xb, xb, pos, img_tokens));
     }

@@ -66,21 +66,15 @@ ms_status vit_resize_pos_embed(ms_backend *be, ms_arena *act,
                                float *out /* (ncls + hp*wp, C) */,
                                const vit_weights *w, const ms_config *cfg, int hp, int wp);
 
-/* The conv stem outputs kept for the decoder: first those the neck's levels
- * l < cfg->n_stem_skips take (the one of level l's size, stem output
- * n_stem - 3 + l), then, with cfg->refine_channels, the one the head's
- * refinement takes (twice level 0's size, n_stem - 4). vit_stem_kept: how
- * many; _index: which stem output kept output j is; _floats: its floats for
- * one (ph, pw) input, (stem_channels[i], ph >> (i + 1), pw >> (i + 1)) (ph,
- * pw are whole patches). */
-#define MS_STEM_KEPT_MAX 3
-int vit_stem_kept(const ms_config *cfg);
-int vit_stem_kept_index(const ms_config *cfg, int j);
-size_t vit_stem_kept_floats(const ms_config *cfg, int j, int ph, int pw);
+/* The conv stem output that neck level l < cfg->n_stem_skips takes (the
+ * one of its size), and its floats for one (ph, pw) input: (stem_channels[i],
+ * ph >> (i + 1), pw >> (i + 1)) (ph, pw are whole patches). */
+int vit_stem_skip_index(const ms_config *cfg, int l);
+size_t vit_stem_skip_floats(const ms_config *cfg, int l, int ph, int pw);
 
 /* The backbone over a batch of same-size images: inputs (B, 3, ph, pw) ->
- * four taps (B, C, hp, wp), and the conv stem outputs the decoder takes
- * (kept[j], each (B, c, h, w), vit_stem_kept(cfg) of them). Each image's
+ * four taps (B, C, hp, wp), and the conv stem outputs the neck takes
+ * (skips[l], each (B, c, h, w), cfg->n_stem_skips of them). Each image's
  * sequence is T = ncls + N tokens, the class token (if any) first; the
  * taps drop it. The images' tokens are
  * stacked (B*T, C), so the
@@ -89,7 +83,7 @@ size_t vit_stem_kept_floats(const ms_config *cfg, int j, int ph, int pw);
  * and the taps' transposes run image by image on row slices. */
 ms_status vit_forward(ms_backend *be, ms_arena *act,
                       float *taps[4] /* each (B, C, hp, wp) */,
-                      float *const kept[MS_STEM_KEPT_MAX] /* each (B, c, h, w) or unused */,
+                      float *const skips[2] /* each (B, c, h, w) or unused */,
                       const float *input /* (B, 3, ph, pw) */,
                       const float *pos /* (ncls + hp*wp, C) */,
                       const vit_weights *w, const ms_config *cfg, const vit_run *run,

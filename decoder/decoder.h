@@ -18,9 +18,6 @@ typedef struct {
     ms_conv fpn[3];                 /* 3x3 */
     ms_conv fpn_bottleneck;         /* 3x3 over 4*ch */
     ms_conv seg;                    /* 1x1 with bias, to classes */
-    /* decoder.stem_refine: 1x1 ConvModule from the fused features, 1x1 conv
-     * with bias from the stem output, 3x3 ConvModule, 1x1 with bias to classes */
-    ms_conv refine_lateral, refine_skip, refine_conv, refine_seg;
 } uperhead_weights;
 
 /* Level l's size for a (hp, wp) token grid. */
@@ -35,18 +32,9 @@ ms_status neck_forward(ms_backend *be, ms_arena *act, float *levels[4],
                        const neck_weights *w,
                        const ms_config *cfg, int hp, int wp, const ms_trace *tr);
 
-/* The head's logits' size: level 0's, twice that with cfg->refine_channels. */
-void uperhead_logits_size(int *h, int *w, const ms_config *cfg, int hp, int wp);
-
-/* levels -> logits (classes, h0, w0) at uperhead_logits_size. With
- * cfg->refine_channels, the logits at level-0 size are doubled (bilinear) and
- * the refinement added: stem, the conv stem output of that size (twice level
- * 0's: vit_stem_kept's last), through refine_* (tools/mitaseg_ref.py
- * UPerHead). */
+/* levels -> logits (classes, h0, w0) at level-0 size. */
 ms_status uperhead_forward(ms_backend *be, ms_arena *act, float *logits /* (classes, h0, w0) */,
-                           float *const levels[4],
-                           const float *stem /* (c, h0, w0) or NULL without refine */,
-                           const uperhead_weights *w, const ms_config *cfg, int hp, int wp,
-                           const ms_trace *tr);
+                           float *const levels[4], const uperhead_weights *w,
+                           const ms_config *cfg, int hp, int wp, const ms_trace *tr);
 
 #endif

@@ -12,15 +12,9 @@ static ms_status conv_module(ms_backend *be, float *out, const float *in, const 
                      MS_ACT_RELU);
 }
 
-void uperhead_logits_size(int *h, int *w, const ms_config *cfg, int hp, int wp)
-{
-    neck_level_size(h, w, cfg, 0, hp, wp);
-    if (cfg->refine_channels) *h *= 2, *w *= 2;
-}
-
 ms_status uperhead_forward(ms_backend *be, ms_arena *act, float *logits, float *const levels[4],
-                           const float *stem, const uperhead_weights *w, const ms_config *cfg,
-                           int hp, int wp, const ms_trace *tr)
+                           const uperhead_weights *w, const ms_config *cfg, int hp, int wp,
+                           const ms_trace *tr)
 {
     const int Cin = cfg->neck_channels, ch = cfg->head_channels;
     int hs[4], ws[4];
@@ -89,32 +83,9 @@ ms_status uperhead_forward(ms_backend *be, ms_arena *act, float *logits, float *
     MS_TRY(conv_module(be, fused, fpn_cat, &w->fpn_bottleneck, h0, w0));
     const int64_t fshape[3] = {ch, h0, w0};
     MS_TRY(trace_emit(be, tr, "head.fused", fused, 3, fshape));
-    const int K = cfg->n_classes, rc = cfg->refine_channels, h1 = 2 * h0, w1 = 2 * w0;
-    float *seg = logits;
-    if (rc) ALLOC(seg, (size_t)K * h0 * w0);
-    MS_TRY(op_conv2d(be, seg, fused, w->seg.w, w->seg.b, ch, h0, w0, K, 1, 1, 1, 0, MS_ACT_NONE));
-    if (rc) { /* 6. the refinement at twice the size (scale_factor 2 resizes) */
-        float *lat_r, *up, *r, *seg_r;
-        ALLOC(lat_r, (size_t)rc * h0 * w0);
-        ALLOC(up, (size_t)rc * h1 * w1);
-        ALLOC(r, (size_t)rc * h1 * w1);
-        MS_TRY(conv_module(be, lat_r, fused, &w->refine_lateral, h0, w0));
-        MS_TRY(op_resize_bilinear(be, up, lat_r, rc, h0, w0, h1, w1, 2.0f, 2.0f));
-        const ms_conv *s = &w->refine_skip;
-        MS_TRY(op_conv2d(be, r, stem, s->w, s->b, s->ci, h1, w1, rc, 1, 1, 1, 0, MS_ACT_NONE));
-        MS_TRY(op_add(be, up, up, r, (size_t)rc * h1 * w1));
-        MS_TRY(conv_module(be, r, up, &w->refine_conv, h1, w1));
-        const int64_t rshape[3] = {rc, h1, w1};
-        MS_TRY(trace_emit(be, tr, "head.refine", r, 3, rshape));
-        seg_r = up; /* (K, h1, w1): up is free again, and large enough when K <= rc */
-        if (K > rc) ALLOC(seg_r, (size_t)K * h1 * w1);
-        MS_TRY(op_conv2d(be, seg_r, r, w->refine_seg.w, w->refine_seg.b, rc, h1, w1, K, 1, 1, 1,
-                         0, MS_ACT_NONE));
-        MS_TRY(op_resize_bilinear(be, logits, seg, K, h0, w0, h1, w1, 2.0f, 2.0f));
-        MS_TRY(op_add(be, logits, logits, seg_r, (size_t)K * h1 * w1));
-    }
-    int lh = rc ? h1 : h0, lw = rc ? w1 : w0;
-    const int64_t lshape[3] = {K, lh, lw};
+    MS_TRY(op_conv2d(be, logits, fused, w->seg.w, w->seg.b, ch, h0, w0, cfg->n_classes, 1, 1, 1,
+                     0, MS_ACT_NONE));
+    const int64_t lshape[3] = {cfg->n_classes, h0, w0};
     MS_TRY(trace_emit(be, tr, "head.logits", logits, 3, lshape));
 #undef ALLOC
     arena_reset(act, mark);

@@ -57,12 +57,7 @@ check "info prints config, grid, params, tensor table" bash -c \
 if [ -f "$FIX/stem_skips.model.safetensors" ]; then
     "$BIN" info "$FIX/stem_skips.model.safetensors" > info_sk.txt 2>&1
     check "info names the neck's stem skips and their tensors" bash -c \
-        "grep -q 'levels 0-1 add the conv stem' info_sk.txt && grep -q 'neck.stem_convs.1.conv.weight' info_sk.txt && ! grep -q 'add the conv stem' info.txt && ! grep -q 'logits refined' info_sk.txt"
-fi
-if [ -f "$FIX/stem_refine.model.safetensors" ]; then
-    "$BIN" info "$FIX/stem_refine.model.safetensors" > info_rf.txt 2>&1
-    check "info names the head's refinement and its tensors" bash -c \
-        "grep -q 'logits refined at twice the size with the conv stem.s output of that size (4 channels)' info_rf.txt && grep -q 'decode_head.refine_seg.weight' info_rf.txt"
+        "grep -q 'levels 0-1 add the conv stem' info_sk.txt && grep -q 'neck.stem_convs.1.conv.weight' info_sk.txt && ! grep -q 'add the conv stem' info.txt"
 fi
 
 # ---- input forms ----------------------------------------------------------------
@@ -71,11 +66,6 @@ check "files: exit 0" test $? -eq 0
 check "files: index PNG, input size, model palette" h index_ok o_files/a.png in/a.png "$MODEL"
 check "files: JPEG input" h index_ok o_files/b.png in/b.jpg "$MODEL"
 check "summary line" grep -q "segmented 2 images, 0 failed, 0 skipped" err.txt
-if [ -f "$FIX/stem_refine.model.safetensors" ]; then # logits at twice level 0's size
-    seg --model "$FIX/stem_refine.model.safetensors" in/a.png in/b.jpg -o o_rf -q
-    check "stem_refine model: masks of the input size" bash -c \
-        "'$PY' '$HELPER' index_ok o_rf/a.png in/a.png '$FIX/stem_refine.model.safetensors' && '$PY' '$HELPER' index_ok o_rf/b.png in/b.jpg '$FIX/stem_refine.model.safetensors'"
-fi
 
 seg in -o o_dir -q 2>err.txt
 check "folder: only its own images" bash -c "[ -f o_dir/a.png ] && [ -f o_dir/b.png ] && [ ! -e o_dir/sub ] && [ ! -e o_dir/notes.png ]"

@@ -23,11 +23,9 @@
  * 1% of route entries and routed sets may differ. */
 #define BATCH_TOL_CUDA 1e-4
 
-/* stem_skips, stem_refine: the stem outputs the neck and the head take are
- * kept per image of the batch */
+/* stem_skips: the stem outputs the neck takes are kept per image of the batch */
 static const char *const models[] = {"mita_d.model.safetensors", "full_none.model.safetensors",
-                                     "stem_skips.model.safetensors",
-                                     "stem_refine.model.safetensors"};
+                                     "stem_skips.model.safetensors"};
 
 /* NULL (and a note) when CUDA is asked for but not usable here: a build
  * without CUDA, or a machine without a GPU. With a GPU present

@@ -219,7 +219,7 @@ static void check_case(const char *case_name)
 
 static const char *const cases[] = {"mita_d", "mita_sqrtd_conv", "full_none", "posgrid",
                                     "small_grid", "pad_resize", "f16", "cls_mita", "cls_full", "mmseg_pad", "slide",
-                                    "stem_skips", "stem_refine"};
+                                    "stem_skips"};
 
 START_TEST(test_case)
 {

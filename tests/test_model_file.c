@@ -260,34 +260,8 @@ static const struct {
      "\"neck\":{\"type\":\"none\",\"stem_skips\":2},\"x\":{", "neck.stem_skips: needs the mln neck"},
     {"\"pos_grid\":[4,4]", "\"pos_grid\":[4,4],\"stem\":{\"type\":\"conv\",\"channels\":[8,8,8,8]}},"
      "\"neck\":{\"type\":\"mln\",\"stem_skips\":3},\"x\":{", "neck.stem_skips: 3 out of range 0..2"},
-    {"\"classes\":", "\"neck\":{\"type\":\"mln\"},\"decoder\":{\"stem_refine\":8},\"classes\":",
-     "decoder.stem_refine: needs the mln neck and a conv stem of 4 or more convs"},
-    {"\"pos_grid\":[4,4]", "\"pos_grid\":[4,4],\"stem\":{\"type\":\"conv\",\"channels\":[8,8,8,8]}},"
-     "\"decoder\":{\"stem_refine\":8},\"x\":{", "decoder.stem_refine: needs the mln neck"},
-    {"\"pos_grid\":[4,4]", "\"pos_grid\":[4,4],\"stem\":{\"type\":\"conv\",\"channels\":[8,8,8,8]}},"
-     "\"neck\":{\"type\":\"mln\"},\"decoder\":{\"stem_refine\":1025},\"x\":{",
-     "decoder.stem_refine: 1025 out of range 0..1024"},
     {"]]}", "]]", "config: not valid JSON"},
 };
-
-/* decoder.stem_refine: off unless given; with the mln neck and a 4-conv stem */
-START_TEST(test_config_stem_refine)
-{
-    ms_config c;
-    ck_assert_msg(config_parse(&c, MIN_CONFIG) == MS_OK, "%s", ms_last_error());
-    ck_assert_int_eq(c.refine_channels, 0);
-    config_free(&c);
-    char *j = subst(MIN_CONFIG, "\"pos_grid\":[4,4]",
-                    "\"pos_grid\":[4,4],\"stem\":{\"type\":\"conv\",\"channels\":[8,8,8,8]}},"
-                    "\"neck\":{\"type\":\"mln\",\"stem_skips\":2},\"decoder\":{\"stem_refine\":16},"
-                    "\"x\":{");
-    ck_assert_msg(config_parse(&c, j) == MS_OK, "%s", ms_last_error());
-    ck_assert_int_eq(c.refine_channels, 16);
-    ck_assert_int_eq(c.n_stem_skips, 2);
-    config_free(&c);
-    free(j);
-}
-END_TEST
 
 START_TEST(test_config_errors)
 {
@@ -798,7 +772,6 @@ int main(void)
     TCase *tc = tcase_create("config");
     tcase_add_test(tc, test_config_defaults);
     tcase_add_test(tc, test_config_full);
-    tcase_add_test(tc, test_config_stem_refine);
     tcase_add_test(tc, test_config_errors);
     suite_add_tcase(s, tc);
     tc = tcase_create("file");

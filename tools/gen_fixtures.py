@@ -126,13 +126,6 @@ CASES = [
         neck__stem_skips=2), (40, 80), "F32",
      "conv stem p8 [8,16,12], mln neck whose levels 0 and 1 add the stem's 1/2 and 1/4 "
      "outputs by 1x1 convs (neck.stem_skips), MiTA 3x4 k10 sqrt_d"),
-    ("stem_refine", base_cfg(
-        backbone__patch_size=16, backbone__stem={"type": "conv", "channels": [8, 12, 16, 12]},
-        backbone__pos_grid=[4, 7],
-        backbone__attention={"type": "mita", "landmarks": [2, 3], "topk": 8, "shared_scale": "sqrt_d"},
-        neck__stem_skips=2, decoder__stem_refine=4, input__pad_multiple=16), (64, 112), "F32",
-     "conv stem p16 [8,12,16,12], stem skips at 1/4 and 1/8, head logits refined at 1/2 with the "
-     "stem's 1/2 output (decoder.stem_refine 4 channels: fewer than the 5 classes), grid 4x7, MiTA 2x3 k8 sqrt_d"),
 ]
 
 
@@ -397,8 +390,6 @@ def run_case(name, cfg, size, wdtype, desc, out_dir, seed0):
     for l in range(3):
         g["head.fpn.%d" % l] = f32(stages["head.fpn.%d" % l][0])
     g["head.fused"] = f32(stages["head.fused"][0])
-    if "head.refine" in stages:
-        g["head.refine"] = f32(stages["head.refine"][0])
     g["head.logits"] = f32(stages["head.logits"][0])
     g["logits"] = f32(logits)
     g["mask"] = stages["mask"][0].to(torch.uint8)

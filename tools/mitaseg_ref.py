@@ -123,23 +123,6 @@ def stem_skips(cfg):
     return [n - 3 + l for l in range(ns)]
 
 
-def stem_refine(cfg):
-    """(channels, stem output index) of the head's refinement at twice its
-    resolution (decoder.stem_refine, the engine's extension), or None. The
-    mln neck's level 0, where the head's logits are, is 4 times the token
-    grid; the stem output of twice that size is output n - 4 (n stem convs)."""
-    rc = cfg["decoder"].get("stem_refine", 0)
-    if not rc:
-        return None
-    bb = cfg["backbone"]
-    if cfg["neck"]["type"] != "mln" or bb["stem"]["type"] != "conv":
-        raise ValueError("decoder.stem_refine needs the mln neck and a conv stem")
-    n = len(bb["stem"]["channels"])
-    if not isinstance(rc, int) or not 1 <= rc <= 1024 or n < 4:
-        raise ValueError("decoder.stem_refine: channels 1..1024, with at least 4 stem convs")
-    return rc, n - 4
-
-
 def resolve_attention(cfg_att, override):
     """Training config attention, with any run-time override applied."""
     att = dict(cfg_att)
@@ -553,15 +536,7 @@ class FPNDeconvNeck(nn.Module):
 
 
 class UPerHead(nn.Module):
-    """mmseg's UPerHead. refine (decoder.stem_refine, the engine's extension):
-    (channels rc, channels of the stem output it takes); the logits then come
-    at twice the fused features' size: up2(conv_seg(fused)) +
-    refine_seg(refine_conv(up2(refine_lateral(fused)) + refine_skip(stem))),
-    up2 bilinear x2 (align_corners=False). refine_seg starts at zero when grown
-    on a trained model (train.py --init-model), which keeps its logits but
-    for the order of two bilinear resizes."""
-
-    def __init__(self, cin, ch, pool_scales, n_classes, bn_eps, dropout=0.1, refine=None):
+    def __init__(self, cin, ch, pool_scales, n_classes, bn_eps, dropout=0.1):
         super().__init__()
         self.pool_scales = list(pool_scales)
         self.psp_modules = nn.ModuleList([
@@ -573,16 +548,8 @@ class UPerHead(nn.Module):
         self.fpn_bottleneck = ConvModule(4 * ch, ch, 3, padding=1, bn_eps=bn_eps)
         self.dropout = nn.Dropout2d(dropout)
         self.conv_seg = nn.Conv2d(ch, n_classes, 1)
-        if refine:
-            rc, sc = refine
-            self.refine_lateral = ConvModule(ch, rc, 1, bn_eps=bn_eps)
-            self.refine_skip = _ConvWithBias(sc, rc, 1)
-            self.refine_conv = ConvModule(rc, rc, 3, padding=1, bn_eps=bn_eps)
-            self.refine_seg = nn.Conv2d(rc, n_classes, 1)
-        self.refine = bool(refine)
 
-    def forward(self, feats, stages=None, stem=None):
-        """stem: the conv stem output the refinement takes (refine only)."""
+    def forward(self, feats, stages=None):
         x3 = feats[3]
         # 1. PPM on level 3, then the 3x3 bottleneck = lateral 3
         ppm = [x3] + [resize(m(x3), x3.shape[-2:]) for m in self.psp_modules]
@@ -594,12 +561,6 @@ class UPerHead(nn.Module):
         size0 = outs[0].shape[-2:]
         fused = self.fpn_bottleneck(torch.cat([outs[0]] + [resize(o, size0) for o in outs[1:]], 1))
         logits = self.conv_seg(self.dropout(fused))                  # 5.
-        if self.refine:                                               # 6.
-            up2 = lambda t: F.interpolate(t, scale_factor=2, mode="bilinear", align_corners=False)
-            r = self.refine_conv(up2(self.refine_lateral(fused)) + self.refine_skip(stem))
-            logits = up2(logits) + self.refine_seg(r)
-            if stages is not None:
-                stages["head.refine"] = r
         if stages is not None:
             stages["head.psp"] = lat[3]
             for l in range(3):
@@ -629,11 +590,8 @@ class MitaSeg(nn.Module):
         elif nt != "none":
             raise ValueError("neck.type must be mln, fpn-deconv or none")
         dec = cfg["decoder"]
-        rf = stem_refine(cfg)
-        if rf:
-            rf = (rf[0], cfg["backbone"]["stem"]["channels"][rf[1]])
         self.decode_head = UPerHead(neck_channels(cfg), dec["channels"], dec["pool_scales"],
-                                    len(cfg["classes"]), dec["bn_eps"], refine=rf)
+                                    len(cfg["classes"]), dec["bn_eps"])
 
     def forward(self, x, attn=None, stages=None):
         """x (B, 3, ph, pw) normalised + padded -> logits (B, classes, h0, w0).
@@ -643,8 +601,7 @@ class MitaSeg(nn.Module):
         intermediate (see the module docstring)."""
         att = resolve_attention(self.cfg["backbone"]["attention"], attn)
         sk = stem_skips(self.cfg)
-        rf = stem_refine(self.cfg)
-        stem_out = [] if sk or rf else None
+        stem_out = [] if sk else None
         taps = self.backbone(x, att, stages, stem_out)
         if self.cfg["neck"]["type"] == "none":
             feats = list(taps)
@@ -655,7 +612,7 @@ class MitaSeg(nn.Module):
         if stages is not None:
             for l, f in enumerate(feats):
                 stages["neck.%d" % l] = f
-        return self.decode_head(feats, stages, stem_out[rf[1]] if rf else None)
+        return self.decode_head(feats, stages)
 
 
 # --------------------------------------------------------------------------

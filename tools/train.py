@@ -677,25 +677,18 @@ def main(argv=None):
         for k, v in src.state_dict().items():
             if k not in want or want[k].shape != v.shape:
                 raise SystemExit("%s: tensor %s does not fit the config's model" % (args.init_model, k))
-        # a model without the neck's stem skips or the head's refinement grows
-        # them: the skips' 1x1 convs and the refinement's last conv at zero, so
-        # training starts from the given model's function (the refinement's
-        # other new tensors keep their initialisation: a zero BN scale or
-        # conv would leave them no gradient)
-        grown = ("neck.stem_convs.", "decode_head.refine_")
-        zeroed = ("neck.stem_convs.", "decode_head.refine_seg.")
+        # a model without the neck's stem skips grows them: zero 1x1 convs,
+        # so training starts from exactly the given model's function
         new = sorted(k for k in want if k not in src.state_dict())
-        if any(not k.startswith(grown) for k in new):
+        if any(not k.startswith("neck.stem_convs.") for k in new):
             raise SystemExit("%s: the config's model has tensors the file lacks: %s" % (
-                args.init_model, ", ".join(k for k in new if not k.startswith(grown))))
+                args.init_model, ", ".join(k for k in new if not k.startswith("neck.stem_convs."))))
         model.load_state_dict(src.state_dict(), strict=not new)
         with torch.no_grad():
             for k in new:
-                if k.startswith(zeroed):
-                    want[k].zero_()
-        log_line(args.out, "# model from %s%s" % (
-            args.init_model, " (new: %s; zero: %s)" % (
-                ", ".join(new), ", ".join(k for k in new if k.startswith(zeroed))) if new else ""))
+                want[k].zero_()
+        log_line(args.out, "# model from %s%s" % (args.init_model,
+                                                  " (new, zero: %s)" % ", ".join(new) if new else ""))
     if args.init_backbone and not args.resume:
         import convert
         loaded, skipped = convert.init_backbone(model, args.init_backbone)

@@ -299,39 +299,6 @@ def randomised_model(cfg, seed=0):
     return model.eval()
 
 
-class TestStemRefine(unittest.TestCase):
-    """decoder.stem_refine: the logits at twice level 0's size, the refinement
-    written out by hand from the module's own convs; configs it cannot take."""
-
-    def test_forward_by_hand_and_config_errors(self):
-        conv = {"type": "conv", "channels": [4, 8, 8, 16]}
-        cfg = tiny_config()
-        cfg["backbone"] = dict(cfg["backbone"], stem=conv)
-        cfg["decoder"] = dict(cfg["decoder"], stem_refine=5)
-        model = randomised_model(cfg)
-        x = torch.randn(1, 3, 64, 96)
-        st = {}
-        with torch.no_grad():
-            got = model(x, stages=st)
-            h = model.decode_head
-            up2 = lambda t: torch.nn.functional.interpolate(t, size=(t.shape[2] * 2, t.shape[3] * 2),
-                                                            mode="bilinear", align_corners=False)
-            stem = getattr(model.backbone.stem, "0")(x)            # the 1/2 output
-            F = st["head.fused"]
-            r = h.refine_conv.bn(h.refine_conv.conv(up2(h.refine_lateral(F)) + h.refine_skip.conv(stem)))
-            want = up2(h.conv_seg(F)) + h.refine_seg(torch.relu(r))
-        self.assertEqual(tuple(got.shape), (1, 3, 32, 48))
-        self.assertLess((got - want).abs().max().item(), 1e-5)
-        bad = [dict(cfg, neck={"type": "none"}),                   # needs the mln neck
-               dict(cfg, backbone=dict(cfg["backbone"], stem={"type": "patch"})),
-               dict(cfg, backbone=dict(cfg["backbone"], patch_size=8,
-                                       stem={"type": "conv", "channels": [4, 8, 8]})),
-               dict(cfg, decoder=dict(cfg["decoder"], stem_refine=1025))]
-        for b in bad:
-            with self.assertRaises(ValueError):
-                R.MitaSeg(b)
-
-
 class TestModelFile(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()

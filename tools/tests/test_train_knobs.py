@@ -106,8 +106,7 @@ class TestConfigBase(unittest.TestCase):
                 "skips": ("", set()), "crop240-skips": ("-crop240", set()),
                 "crop240-skips-seed1": ("-crop240-skips", {"seed"}),
                 "crop240-skips-dp01": ("-crop240-skips", {"drop_path"}),
-                "crop240-skips-paste": ("-crop240-skips", {"copy_paste"}),
-                "crop240-skips-refine": ("-crop240-skips", set())}
+                "crop240-skips-paste": ("-crop240-skips", {"copy_paste"})}
         found = {f[len("camvid-mita-xseq-"):-len(".json")] for f in os.listdir(cdir)
                  if f.startswith("camvid-mita-xseq-") and f.endswith(".json")}
         self.assertEqual(found, set(want))
@@ -117,8 +116,6 @@ class TestConfigBase(unittest.TestCase):
             model = json.loads(json.dumps(cfg["model"]))
             if "skips" in name:  # the model knob: the neck takes the stem's outputs
                 self.assertEqual(model["neck"].pop("stem_skips"), 2)
-            if "refine" in name:  # the model knob: the head's logits refined at 1/2
-                self.assertEqual(model["decoder"].pop("stem_refine"), 32)
             self.assertEqual(model, xseq["model"], name)
             changed = {k for k in set(cfg["train"]) | set(ref["train"])
                        if cfg["train"].get(k) != ref["train"].get(k)}
