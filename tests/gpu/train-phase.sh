@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The training phase of the GPU run (docs/gpu.md, "Training on the GPU machine"):
 #   bash tests/gpu/train-phase.sh OUTDIR SECONDS [scratch|shipped]
-# Trains the chosen recipe (tools/configs/camvid-mita-xseq-skips.json: the
-# cross-sequence fold, validated on 0006R0, full frames: on a GPU time is
+# Trains the chosen recipe (tools/configs/camvid-mita-xseq-skips-paste.json:
+# the cross-sequence fold, validated on 0006R0, full frames: on a GPU time is
 # not what limits the crop) for about SECONDS in all on
 # whatever device PyTorch sees (CUDA: bf16 autocast, channels-last,
 # DataLoader workers), from scratch or (`shipped`) from
@@ -50,7 +50,7 @@ if [ -z "$DATA" ]; then
     done
 fi
 [ -n "$DATA" ] || { echo "train-phase: no data: neither ../shared/data/camvid nor gpu-data/ (tools/pack_data.py; carry it)" >&2; exit 1; }
-CONFIG=${MS_TRAIN_CONFIG:-$ROOT/tools/configs/camvid-mita-xseq-skips.json}
+CONFIG=${MS_TRAIN_CONFIG:-$ROOT/tools/configs/camvid-mita-xseq-skips-paste.json}
 HOLDOUT=${MS_TRAIN_HOLDOUT:-0006R0}
 
 # What the budget leaves after training: interpreter start-up, the final

@@ -83,9 +83,10 @@ class TestSplits(unittest.TestCase):
 
 class TestConfigBase(unittest.TestCase):
     def test_final_config_is_the_chosen_fold_recipe_on_train_and_val(self):
-        # the fold recipe with the knobs kept (240x320 crops, the neck's stem skips)
+        # the fold recipe with the knobs kept (240x320 crops, the neck's stem
+        # skips, copy-paste of the thin classes)
         cdir = os.path.join(TOOLS_DIR, "configs")
-        xseq = T.load_config(os.path.join(cdir, "camvid-mita-xseq-crop240-skips.json"))
+        xseq = T.load_config(os.path.join(cdir, "camvid-mita-xseq-crop240-skips-paste.json"))
         final = T.load_config(os.path.join(cdir, "camvid-mita-final.json"))
         self.assertEqual(final["model"], xseq["model"])
         changed = {k for k in set(final["train"]) | set(xseq["train"])
@@ -106,7 +107,9 @@ class TestConfigBase(unittest.TestCase):
                 "skips": ("", set()), "crop240-skips": ("-crop240", set()),
                 "crop240-skips-seed1": ("-crop240-skips", {"seed"}),
                 "crop240-skips-dp01": ("-crop240-skips", {"drop_path"}),
-                "crop240-skips-paste": ("-crop240-skips", {"copy_paste"})}
+                "crop240-skips-paste": ("-crop240-skips", {"copy_paste"}),
+                "crop240-skips-paste-seed1": ("-crop240-skips-paste", {"seed"}),
+                "skips-paste": ("-skips", {"copy_paste"})}
         found = {f[len("camvid-mita-xseq-"):-len(".json")] for f in os.listdir(cdir)
                  if f.startswith("camvid-mita-xseq-") and f.endswith(".json")}
         self.assertEqual(found, set(want))
