@@ -215,6 +215,16 @@ class KeySampler(torch.utils.data.Sampler):
         return len(self.keys)
 
 
+def mix_partners(n, prob, rng):
+    """(i, j) for each sample i of a batch of n that, with probability prob,
+    takes from another sample j; drawn in sample order from rng, lazily, so a
+    caller's own draws for a pair come between (CutMix's box)."""
+    for i in range(n):
+        if rng.random() >= prob:
+            continue
+        yield i, (i + rng.randrange(1, n)) % n
+
+
 def cutmix(x, y, cm, rng):
     """CutMix (Yun et al. 2019) for segmentation: with probability cm["prob"]
     each sample of the batch gets a box cut from another sample, image and
@@ -228,10 +238,7 @@ def cutmix(x, y, cm, rng):
     alpha = cm.get("alpha", 1.0)
     src_x, src_y = x.clone(), y.clone()
     x, y = x.clone(), y.clone()
-    for i in range(n):
-        if rng.random() >= cm["prob"]:
-            continue
-        j = (i + rng.randrange(1, n)) % n  # another sample
+    for i, j in mix_partners(n, cm["prob"], rng):
         cut = math.sqrt(1.0 - rng.betavariate(alpha, alpha))
         bh, bw = int(round(h * cut)), int(round(w * cut))
         cy, cx = rng.randrange(h), rng.randrange(w)
@@ -251,14 +258,10 @@ def copy_paste(x, y, cp, class_ids, rng):
     frames that have them. rng: a random.Random (reproducible on resume)."""
     if not cp or cp.get("prob", 0) <= 0 or x.shape[0] < 2 or not class_ids:
         return x, y
-    n = x.shape[0]
-    ids = torch.tensor(sorted(class_ids), dtype=y.dtype)
+    ids = torch.tensor(class_ids, dtype=y.dtype)
     src_x, src_y = x.clone(), y.clone()
     x, y = x.clone(), y.clone()
-    for i in range(n):
-        if rng.random() >= cp["prob"]:
-            continue
-        j = (i + rng.randrange(1, n)) % n  # another sample
+    for i, j in mix_partners(x.shape[0], cp["prob"], rng):
         m = torch.isin(src_y[j], ids)     # (h, w)
         x[i][:, m] = src_x[j][:, m]
         y[i][m] = src_y[j][m]
