@@ -106,7 +106,7 @@ class TestConfigBase(unittest.TestCase):
                 "crop240-clip15": ("-crop240", {"class_weighting"}),
                 "skips": ("", set()), "crop240-skips": ("-crop240", set()),
                 "crop240-skips-seed1": ("-crop240-skips", {"seed"}),
-                "crop240-skips-dp01": ("-crop240-skips", {"drop_path"}),
+                "crop240-skips-paste-dp01": ("-crop240-skips-paste", {"drop_path"}),
                 "crop240-skips-paste": ("-crop240-skips", {"copy_paste"}),
                 "crop240-skips-paste-seed1": ("-crop240-skips-paste", {"seed"}),
                 "skips-paste": ("-skips", {"copy_paste"})}
@@ -443,7 +443,7 @@ class TestCopyPaste(unittest.TestCase):
 
 class TestDropPath(unittest.TestCase):
     def test_rates_rise_linearly_over_the_blocks(self):
-        cfg = T.load_config(os.path.join(TOOLS_DIR, "configs", "camvid-mita-xseq-crop240-skips-dp01.json"))
+        cfg = T.load_config(os.path.join(TOOLS_DIR, "configs", "camvid-mita-xseq-crop240-skips-paste-dp01.json"))
         self.assertEqual(cfg["train"]["drop_path"], 0.1)
         model = R.MitaSeg(cfg["model"])
         T.set_drop_path(model, 0.1)
