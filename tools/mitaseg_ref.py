@@ -427,15 +427,19 @@ class Backbone(nn.Module):
         if bb["final_norm"]:
             self.norm = nn.LayerNorm(C, eps=bb["ln_eps"])
 
-    def forward(self, x, att, stages=None, skips=None):
+    def forward(self, x, att, stages=None, skips=None, embed_fn=None):
         """x (B, 3, H, W) normalised, padded. Returns the 4 taps (B, C, Hp, Wp).
-        skips: a list that receives the conv stem's outputs (conv stem only)."""
+        skips: a list that receives the conv stem's outputs (conv stem only).
+        embed_fn: applied to the patch tokens (B, N, C) before the position
+        embedding (tools/pretrain.py: masked tokens replaced)."""
         bb = self.cfg
         x = self.patch_embed(x) if bb["stem"]["type"] == "patch" else self.stem(x, skips)
         B, C, Hp, Wp = x.shape
         nc = self.ncls
         pos = resize_pos_embed(self.pos_embed, bb["pos_grid"], (Hp, Wp), nc)
         x = x.flatten(2).transpose(1, 2)                             # (B, N, C)
+        if embed_fn is not None:
+            x = embed_fn(x)
         if nc:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], 1)  # (B, 1 + N, C)
         x = x + pos

@@ -442,6 +442,18 @@ class ModelEMA:
                 v.copy_(src[k])
 
 
+def new_model(mcfg):
+    """The reference model with timm-like init: truncated normal for linear
+    layers and pos_embed (PyTorch's defaults elsewhere)."""
+    model = R.MitaSeg(mcfg)
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+    nn.init.trunc_normal_(model.backbone.pos_embed, std=0.02)
+    return model
+
+
 def set_drop_path(model, rate):
     """Stochastic depth, the rate rising linearly from 0 at the first block to
     rate at the last (DeiT's schedule); training mode only."""
@@ -450,14 +462,38 @@ def set_drop_path(model, rate):
         blk.drop_path = rate * i / max(1, len(blocks) - 1)
 
 
-def param_groups(modules, wd):
-    decay, no_decay = [], []
-    for m in modules:
+def layer_id(name, depth):
+    """Depth of a MitaSeg parameter for layer-wise lr decay: 0 the stem and
+    embeddings, i + 1 block i, depth + 1 everything after the blocks (the
+    final norm, neck, head)."""
+    if name.startswith("backbone.blocks."):
+        return int(name.split(".")[2]) + 1
+    if name.startswith(("backbone.stem.", "backbone.patch_embed.", "backbone.pos_embed",
+                        "backbone.cls_token")):
+        return 0
+    return depth + 1
+
+
+def param_groups(modules, wd, lr=None, layer_decay=None):
+    """AdamW groups: no weight decay on biases, norms and pos_embed. With
+    layer_decay (and lr), modules[0] being the MitaSeg, its parameters at
+    depth i (layer_id) get lr x layer_decay^(depth + 1 - i) (BEiT/MAE
+    fine-tuning: the blocks nearer the input, pretrained, move least); the
+    other modules (the auxiliary head) the full lr."""
+    groups = {}
+    depth = len(modules[0].backbone.blocks) if layer_decay else 0
+    for mi, m in enumerate(modules):
         for name, p in m.named_parameters():
             if not p.requires_grad:
                 continue
-            (no_decay if p.ndim <= 1 or name.endswith("pos_embed") else decay).append(p)
-    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+            nd = p.ndim <= 1 or name.endswith("pos_embed")
+            lid = layer_id(name, depth) if layer_decay and mi == 0 else depth + 1
+            g = groups.setdefault((lid, nd), {"params": [], "weight_decay": 0.0 if nd else wd})
+            if layer_decay:
+                g["lr"] = lr * layer_decay ** (depth + 1 - lid)
+            g["params"].append(p)
+    # the full-lr decayed group first: the log reports param_groups[0]["lr"]
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[1], -k[0]))]
 
 
 class WarmupCosine:
@@ -606,6 +642,29 @@ def log_line(out_dir, text):
         f.write(text + "\n")
 
 
+def run_setup(args, tcfg):
+    """What a run (train.py, pretrain.py) sets up from its arguments
+    (--out, --threads, --device, --amp, --data-root, --holdout) and config:
+    OUT made, threads, device and precision, seeds. Returns (device, plan,
+    seed, rng, data root, holdout sequence or None)."""
+    os.makedirs(args.out, exist_ok=True)
+    torch.set_num_threads(args.threads or tcfg.get("threads", 2))
+    device = pick_device(args.device)
+    plan = precision_plan(device, tcfg, args.amp)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    seed = tcfg.get("seed", 0)
+    rng = random.Random(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    root = args.data_root or tcfg["data_root"]
+    holdout = args.holdout if args.holdout is not None else tcfg.get("holdout")
+    holdout = None if holdout in (None, "", "none") else holdout
+    return device, plan, seed, rng, root, holdout
+
+
 def main(argv=None):
     t_start = time.time()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -642,23 +701,7 @@ def main(argv=None):
     tcfg = full_cfg["train"]
     paste_ids = copy_paste_ids(tcfg, mcfg)
     val_every = args.val_every or tcfg.get("val_every", 3)
-    os.makedirs(args.out, exist_ok=True)
-    torch.set_num_threads(args.threads or tcfg.get("threads", 2))
-    device = pick_device(args.device)
-    plan = precision_plan(device, tcfg, args.amp)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-    seed = tcfg.get("seed", 0)
-    rng = random.Random(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-    root = args.data_root or tcfg["data_root"]
-    holdout = args.holdout if args.holdout is not None else tcfg.get("holdout")
-    holdout = None if holdout in (None, "", "none") else holdout
+    device, plan, seed, rng, root, holdout = run_setup(args, tcfg)
     t0 = time.time()
     train_pairs, val_pairs, data_desc = data_pairs(root, tcfg, holdout)
     train_imgs, train_labels = decode_all(train_pairs)
@@ -667,13 +710,7 @@ def main(argv=None):
           % (len(train_imgs), len(val_imgs), time.time() - t0, data_desc, device,
              plan["amp_dtype"], plan["channels_last"]), flush=True)
 
-    model = R.MitaSeg(mcfg)
-    # timm-like init: truncated normal for linear layers and pos_embed
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            nn.init.zeros_(m.bias)
-    nn.init.trunc_normal_(model.backbone.pos_embed, std=0.02)
+    model = new_model(mcfg)
     if args.init_model and not args.resume:
         src = R.load_model(args.init_model)
         want = model.state_dict()
@@ -708,7 +745,8 @@ def main(argv=None):
     if args.max_steps:
         steps_per_epoch = min(steps_per_epoch, args.max_steps)
     total = args.epochs * steps_per_epoch
-    opt = torch.optim.AdamW(param_groups([model, aux], tcfg["weight_decay"]), lr=tcfg["lr"],
+    opt = torch.optim.AdamW(param_groups([model, aux], tcfg["weight_decay"], tcfg["lr"],
+                                         tcfg.get("layer_decay")), lr=tcfg["lr"],
                             betas=(0.9, 0.999))
     sched_fn = WarmupCosine(tcfg.get("warmup_steps", 100), total, tcfg.get("min_lr_ratio", 0.01))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, sched_fn)

@@ -482,6 +482,43 @@ class TestDropPath(unittest.TestCase):
         self.assertTrue(any(not torch.equal(o, want) for o in outs))
 
 
+class TestLayerDecay(unittest.TestCase):
+    def cfg(self):
+        return T.load_config(os.path.join(TOOLS_DIR, "configs", "camvid-mita-xseq-crop240-skips.json"))
+
+    def test_rates_by_depth(self):
+        cfg = self.cfg()
+        model = R.MitaSeg(cfg["model"])
+        aux = T.AuxHead(192, 8, 11)
+        groups = T.param_groups([model, aux], 0.05, 1e-3, 0.5)
+        lr_of = {id(p): (g["lr"], g["weight_decay"]) for g in groups for p in g["params"]}
+        named = dict(model.named_parameters())
+        want = {"backbone.stem.0.conv.weight": (1e-3 * 0.5 ** 13, 0.05),
+                "backbone.pos_embed": (1e-3 * 0.5 ** 13, 0.0),
+                "backbone.blocks.0.attn.qkv.weight": (1e-3 * 0.5 ** 12, 0.05),
+                "backbone.blocks.11.mlp.fc1.bias": (1e-3 * 0.5, 0.0),
+                "neck.stem_convs.0.conv.weight": (1e-3, 0.05)}
+        for name, (lr, wd) in want.items():
+            self.assertAlmostEqual(lr_of[id(named[name])][0], lr, msg=name)
+            self.assertEqual(lr_of[id(named[name])][1], wd, name)
+        for p in aux.parameters():
+            self.assertEqual(lr_of[id(p)][0], 1e-3)
+        self.assertEqual(groups[0]["lr"], 1e-3)   # the logged one: the full rate
+        self.assertEqual(sum(len(g["params"]) for g in groups),
+                         len(list(model.parameters())) + len(list(aux.parameters())))
+
+    def test_off_keeps_the_two_groups(self):
+        # without the knob: the groups (and so checkpoints) as before it existed
+        model = R.MitaSeg(self.cfg()["model"])
+        aux = T.AuxHead(192, 8, 11)
+        groups = T.param_groups([model, aux], 0.05)
+        self.assertEqual([g["weight_decay"] for g in groups], [0.05, 0.0])
+        self.assertNotIn("lr", groups[0])
+        decay = [p for m in (model, aux) for n, p in m.named_parameters()
+                 if not (p.ndim <= 1 or n.endswith("pos_embed"))]
+        self.assertEqual([id(p) for p in groups[0]["params"]], [id(p) for p in decay])
+
+
 class TestEmaScheduleBudget(unittest.TestCase):
     def test_ema(self):
         m = torch.nn.Linear(2, 1)
