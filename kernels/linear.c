@@ -35,17 +35,16 @@ void linear_cpu(float *out, const float *in, const float *w, const float *b, int
 #ifdef _OPENMP
     if (!omp_in_parallel()) threads = omp_get_max_threads();
 #endif
-    /* Slabs of rows, a multiple of 16 (full micro-kernels), one per thread;
-     * small products run as one call, as gemm_cpu does. */
-    int slab = (n + threads - 1) / threads;
-    slab = (slab + 15) / 16 * 16;
-    if (threads <= 1 || (double)n * cout * cin < 1e6 || slab >= n) {
+    /* One slab of rows per thread, cut where gemm_split_at says (results
+     * independent of the split); small products run as one call, as
+     * gemm_cpu does. */
+    if (threads <= 1 || (double)n * cout * cin < 1e6 || gemm_split_at(n, 1, threads) >= n) {
         linear_rows(out, in, w, b, 0, n, cin, cout, act, residual);
         return;
     }
-    int slabs = (n + slab - 1) / slab;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int s = 0; s < slabs; s++)
-        linear_rows(out, in, w, b, s * slab, n - s * slab < slab ? n : (s + 1) * slab, cin, cout,
-                    act, residual);
+    for (int s = 0; s < threads; s++) {
+        int r0 = gemm_split_at(n, s, threads), r1 = gemm_split_at(n, s + 1, threads);
+        if (r1 > r0) linear_rows(out, in, w, b, r0, r1, cin, cout, act, residual);
+    }
 }
