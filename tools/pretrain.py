@@ -20,10 +20,11 @@ through LayerNorm and a 1x1 conv to patch^2 x 3 values and a pixel shuffle,
 predicts the normalised pixels; the loss is L1 over the masked pixels only
 (SimMIM). Attention is the config's (MiTA in every layer).
 
-Every epoch writes OUT/last.pt atomically (--resume continues from it),
-appends a line to OUT/log.txt and writes OUT/model.safetensors: the config's
-whole model (F32), the backbone pretrained, the neck and head at train.py's
-init; `train.py --init-model` then fine-tunes it. --time-budget S stops after
+Every epoch writes OUT/last.pt atomically (--resume continues from it) and
+appends a line to OUT/log.txt; the last epoch (or a time-budget stop) writes
+OUT/model.safetensors: the config's whole model (F32), the backbone
+pretrained, the neck and head at train.py's init; `train.py --init-model`
+then fine-tunes it. --time-budget S stops after
 S seconds at a step boundary, the cosine re-planned to end there.
 """
 
@@ -36,7 +37,6 @@ import random
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -110,6 +110,17 @@ def mim_loss(pred, x, pix):
     return (pred.float() - x).abs().masked_select(pix).mean()
 
 
+def write_model_file(mim, args, done, step, data_desc):
+    """OUT/model.safetensors, atomically: the whole segmentation model (F32)
+    with the pretrained backbone, for `train.py --init-model`."""
+    tmp = os.path.join(args.out, "model.safetensors.tmp")
+    model = copy.deepcopy(mim.model).cpu().to(memory_format=torch.contiguous_format)
+    R.save_model(model, tmp, "F32", provenance="tools/pretrain.py (SimMIM, mask %.2f in %dx%d "
+                 "token squares) %d epochs, %d steps on %s; neck and head untrained"
+                 % (args.mask_ratio, args.mask_unit, args.mask_unit, done, step, data_desc))
+    os.replace(tmp, os.path.join(args.out, "model.safetensors"))
+
+
 def main(argv=None):
     t_start = time.time()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -164,9 +175,7 @@ def main(argv=None):
         sched_fn = sched.lr_lambdas[0]
         sched_fn.total = total
         start_epoch, step = ck["epoch"], ck["step"]
-        rng.setstate(ck["rng"]["python"])
-        np.random.set_state(ck["rng"]["numpy"])
-        torch.set_rng_state(ck["rng"]["torch"])
+        T.rng_restore(rng, ck["rng"], device)
         print("resumed from %s at epoch %d" % (last_path, start_epoch), flush=True)
     else:
         T.log_line(args.out, "# pretrain %s: %s" % (args.config, json.dumps(
@@ -174,13 +183,13 @@ def main(argv=None):
         T.log_line(args.out, "# data %s: %s" % (root, data_desc))
 
     budget = T.BudgetPlan(args.time_budget, t_start, total) if args.time_budget else None
+    reserve = 5.0 + 0.02 * args.time_budget   # the checkpoint and the model file
     sampler = T.KeySampler()
     workers = T.loader_workers(tcfg, device)
     loader = torch.utils.data.DataLoader(T.TrainSet(imgs, labels, tcfg, mcfg), batch_size=bs,
                                          sampler=sampler, num_workers=workers, drop_last=True,
                                          pin_memory=device.type == "cuda",
                                          persistent_workers=workers > 0)
-    t_first = step_first = sec_step = None
     stop = False
     for epoch in range(start_epoch, args.epochs):
         mim.train()
@@ -202,18 +211,10 @@ def main(argv=None):
             step += 1
             n_steps += 1
             sum_loss += loss.detach()
-            if budget is not None:
-                now = time.time()
-                if t_first is None:
-                    t_first, step_first = now, step
-                elif step > step_first:
-                    sec_step = (now - t_first) / (step - step_first)
-                reserve = 5.0 + 0.02 * args.time_budget   # checkpoint and model file
-                if sec_step is not None and (step - step_first in (2, 10) or n_steps == steps_per_epoch):
-                    sched_fn.total = budget.plan(now, step, sec_step, reserve)
-                if step >= sched_fn.total or budget.over(now, reserve + (sec_step or now - t_ep)):
-                    stop = True
-                    break
+            if budget is not None and budget.after_step(time.time(), step, t_ep, n_steps == steps_per_epoch,
+                                                        lambda _: reserve, sched_fn):
+                stop = True
+                break
         mean = sum_loss.item() / max(1, n_steps)
         if not math.isfinite(mean):
             T.log_line(args.out, "non-finite loss in epoch %d; stopping (last.pt is the epoch before)"
@@ -224,14 +225,9 @@ def main(argv=None):
                        "scheduler": sched.state_dict(), "epoch": done, "step": step,
                        "model_config": mcfg, "train_config": tcfg, "config_path": args.config,
                        "data": data_desc,
-                       "rng": {"python": rng.getstate(), "numpy": np.random.get_state(),
-                               "torch": torch.get_rng_state()}}, last_path)
-        tmp = os.path.join(args.out, "model.safetensors.tmp")
-        model = copy.deepcopy(mim.model).cpu().to(memory_format=torch.contiguous_format)
-        R.save_model(model, tmp, "F32", provenance="tools/pretrain.py (SimMIM, mask %.2f in %dx%d "
-                     "token squares) %d epochs, %d steps on %s; neck and head untrained"
-                     % (args.mask_ratio, args.mask_unit, args.mask_unit, done, step, data_desc))
-        os.replace(tmp, os.path.join(args.out, "model.safetensors"))
+                       "rng": T.rng_state(rng, device)}, last_path)
+        if done == args.epochs or stop:   # last.pt resumes; the model file is for the end
+            write_model_file(mim, args, done, step, data_desc)
         line = "epoch %d/%d loss %.4f lr %.3e time %.0fs" % (done, args.epochs, mean,
                                                               opt.param_groups[0]["lr"], time.time() - t_ep)
         if budget is not None:

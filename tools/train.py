@@ -516,10 +516,12 @@ class BudgetPlan:
 
     plan(now, step, sec_per_step, reserve) -> total steps: the steps done plus
     as many as fit in what is left after `reserve` seconds (the final
-    validation and checkpoint), at least one more."""
+    validation and checkpoint), at least one more. after_step() is the
+    training loops' bookkeeping around it."""
 
     def __init__(self, budget, t_start, max_steps):
         self.budget, self.t_start, self.max_steps = budget, t_start, max_steps
+        self.t_first = self.step_first = self.first_cost = self.sec_step = None
 
     def plan(self, now, step, sec_per_step, reserve):
         left = self.budget - (now - self.t_start) - reserve
@@ -528,6 +530,41 @@ class BudgetPlan:
 
     def over(self, now, reserve):
         return now - self.t_start + reserve >= self.budget
+
+    def step_cost(self):
+        """Seconds a step: measured since this process's first step (which
+        allocates and autotunes; validations and checkpoints included), or
+        that first step's cost until a second one is done."""
+        return self.sec_step or self.first_cost
+
+    def after_step(self, now, step, t_epoch, epoch_end, reserve_fn, sched_fn):
+        """Called after each step: re-plans sched_fn.total (after the 2nd and
+        10th steps and at each epoch's end) with reserve_fn(step_cost())
+        seconds held back; True when the loop should stop (the plan's end, or
+        one more step would cross the budget)."""
+        if self.t_first is None:
+            self.t_first, self.step_first, self.first_cost = now, step, now - t_epoch
+        elif step > self.step_first:
+            self.sec_step = (now - self.t_first) / (step - self.step_first)
+        reserve = reserve_fn(self.step_cost())
+        if self.sec_step is not None and (step - self.step_first in (2, 10) or epoch_end):
+            sched_fn.total = self.plan(now, step, self.sec_step, reserve)
+        return step >= sched_fn.total or self.over(now, reserve + self.step_cost())
+
+
+def rng_state(rng, device):
+    """Every random stream a run draws from, for its checkpoint."""
+    return {"python": rng.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None}
+
+
+def rng_restore(rng, state, device):
+    """rng_state()'s inverse (CUDA's only on CUDA, when saved there)."""
+    rng.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ---------------------------------------------------------------- device
@@ -779,11 +816,7 @@ def main(argv=None):
         start_epoch, best = ck["epoch"], ck.get("best_miou", -1.0)
         init_from = ck.get("init")
         step = ck.get("step", start_epoch * steps_per_epoch)
-        rng.setstate(ck["rng"]["python"])
-        np.random.set_state(ck["rng"]["numpy"])
-        torch.set_rng_state(ck["rng"]["torch"])
-        if device.type == "cuda" and ck["rng"].get("cuda") is not None:
-            torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
+        rng_restore(rng, ck["rng"], device)
         print("resumed from %s at epoch %d (best mIoU %.2f)" % (last_path, start_epoch, best), flush=True)
     else:
         log_line(args.out, "# config %s: %s" % (args.config, json.dumps(tcfg)))
@@ -811,8 +844,10 @@ def main(argv=None):
         bh, bw = tcfg["base_size"]
         ch, cw = tcfg["crop"]
         return sec_step / 3 * len(val_imgs) / bs * (bh * bw) / (ch * cw)
-    sec_step = None
-    t_first = step_first = first_cost = None
+
+    def reserve(sec_step):
+        """Seconds a budget holds back: the final validation and checkpoint."""
+        return 1.5 * (sec_val or val_guess(sec_step)) + min(5.0, 0.1 * args.time_budget) + 0.02 * args.time_budget
     stop = False
     for epoch in range(start_epoch, args.epochs):
         model.train()
@@ -852,19 +887,7 @@ def main(argv=None):
             sum_loss += loss_main.detach()
             sum_aux += loss_aux.detach()
             if budget is not None:
-                now = time.time()
-                # wall seconds per step since this process's first step (which
-                # allocates and autotunes): validations and checkpoints included
-                if t_first is None:
-                    t_first, step_first, first_cost = now, step, now - t_ep
-                elif step > step_first:
-                    sec_step = (now - t_first) / (step - step_first)
-                reserve = (1.5 * (sec_val or val_guess(sec_step or first_cost)) + min(5.0, 0.1 * args.time_budget)
-                           + 0.02 * args.time_budget)
-                if sec_step is not None and (step - step_first in (2, 10) or n_steps == steps_per_epoch):
-                    sched_fn.total = budget.plan(now, step, sec_step, reserve)
-                # stop at the plan's end, or when one more step would cross the budget
-                if step >= sched_fn.total or budget.over(now, reserve + (sec_step or first_cost)):
+                if budget.after_step(time.time(), step, t_ep, n_steps == steps_per_epoch, reserve, sched_fn):
                     stop = True
                     break
         sum_loss, sum_aux = sum_loss.item(), sum_aux.item()
@@ -881,7 +904,7 @@ def main(argv=None):
                                                                time.time() - t_start)
         miou = None
         want_val = not args.no_val and (done % val_every == 0 or done == args.epochs or stop)
-        if want_val and stop and budget.over(time.time(), sec_val or val_guess(sec_step or first_cost)):
+        if want_val and stop and budget.over(time.time(), sec_val or val_guess(budget.step_cost())):
             # a budget too short for the model on this device (a CPU rehearsal)
             line += " (final validation skipped: it would not fit in the time budget)"
             want_val = False
@@ -906,9 +929,7 @@ def main(argv=None):
             "ema_updates": ema.updates if ema is not None else 0,
             "best_miou": best, "model_config": mcfg, "train_config": tcfg, "config_path": args.config,
             "data": data_desc, "init": init_from,
-            "rng": {"python": rng.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if device.type == "cuda" else None},
+            "rng": rng_state(rng, device),
         }, last_path)
         log_line(args.out, line)
         if stop:

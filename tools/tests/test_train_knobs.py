@@ -554,6 +554,38 @@ class TestEmaScheduleBudget(unittest.TestCase):
         self.assertFalse(b.over(1080.0, 10.0))
         self.assertTrue(b.over(1091.0, 10.0))
 
+    def test_budget_after_step(self):
+        """The loops' bookkeeping: the first step's cost until a second is
+        done, then seconds a step since the first; re-plans after steps 2 and
+        10 (counted from the first) and at an epoch's end; stops at the plan's
+        end or before a step that would cross the budget."""
+        f = T.WarmupCosine(0, 10_000, 0.01)
+        b = T.BudgetPlan(100.0, 1000.0, 10_000)
+        reserves = []
+
+        def reserve(cost):
+            reserves.append(cost)
+            return 10.0
+        # step 1 ends at t=1004 (epoch began at 1000): its cost is 4 s, no plan yet
+        self.assertFalse(b.after_step(1004.0, 1, 1000.0, False, reserve, f))
+        self.assertEqual((b.step_cost(), f.total, reserves), (4.0, 10_000, [4.0]))
+        self.assertFalse(b.after_step(1005.0, 2, 1000.0, False, reserve, f))   # 1 s a step since
+        self.assertEqual(f.total, 10_000)                                      # 1 step after the first
+        self.assertFalse(b.after_step(1006.0, 3, 1000.0, False, reserve, f))   # 2 after: plan
+        self.assertEqual(f.total, 3 + int(100 - 6 - 10))                       # 87
+        self.assertFalse(b.after_step(1007.0, 4, 1000.0, True, reserve, f))    # epoch end: plan
+        self.assertEqual(f.total, 4 + 83)
+        f.total = 5
+        self.assertTrue(b.after_step(1008.0, 5, 1000.0, False, reserve, f))    # the plan's end
+        f.total = 10_000
+        # 1 s a step from t=1080, 10 s reserve: planned at step 3 to end at
+        # step 11 (t=1090), but from step 10 (t=1089) one more step and the
+        # reserve would reach t=1100: the budget stops it there
+        b2 = T.BudgetPlan(100.0, 1000.0, 10_000)
+        stops = [b2.after_step(1079.0 + k, k, 1079.0, False, reserve, f) for k in range(1, 11)]
+        self.assertEqual(f.total, 11)
+        self.assertEqual(stops, [False] * 9 + [True])
+
 
 class TestDevicePlan(unittest.TestCase):
     """The CUDA path's choices, made by functions that take the device: the
