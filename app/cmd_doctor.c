@@ -89,7 +89,12 @@ static void print_cpu(void)
                : "");
     /* gemm_cpu makes OpenBLAS single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
-    printf("openblas: %s; core %s\n", openblas_get_config(), openblas_get_corename());
+    printf("openblas: %s; core %s", openblas_get_config(), openblas_get_corename());
+    /* a core named in the environment wins over OpenBLAS's own choice (on
+     * an AVX-512 CPU, Haswell's kernels run at half its sgemm rate) */
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    if (core && *core) printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
+    printf("\n");
     /* what libgomp read at start (app/omp_env/omp_env.c chose it unless the
      * user did) */
     const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");

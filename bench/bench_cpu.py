@@ -6,6 +6,7 @@ tools/export_onnx.py), side by side in one run, same thread count, batch 1.
 
   /usr/bin/python3 bench/bench_cpu.py [--build build] [--threads N] [--rounds 7]
       [--attention mita,full] [--no-ort] [--torch-python PY ...] [--json OUT.json]
+      [--openblas-env native|keep]
       [--model FILE --size WxH [--image IMG]]
 
 What is timed: one image from uint8 RGB pixels to logits + mask at the image
@@ -35,6 +36,11 @@ use by tools/ort_venv.py); without it the ONNX Runtime column is skipped and
 the report says why. PyTorch 2.x is not installed by this script (a multi-GB
 download): pass --torch-python PATH of a python that has it to add it.
 
+OpenBLAS: where the environment sets OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE
+(some machines do, for older OpenBLAS builds), every worker runs without
+them, with OpenBLAS's own choice for the CPU (--openblas-env keep: as set);
+the report says which, and mitaseg's worker the core it got.
+
 Note on MiTA: the reference (and so its ONNX export) computes MiTA's routed
 logits densely (N x N scores, then a gather), as in training; mitaseg gathers
 each query's k keys.
@@ -56,6 +62,29 @@ import time
 # Either way idle workers sleep between requests. ONNX Runtime keeps its own
 # thread pool's default.
 OMP_WAIT = {"spin": ("GOMP_SPINCOUNT", "10000"), "passive": ("OMP_WAIT_POLICY", "PASSIVE")}
+
+# OpenBLAS's kernel choice. Some machines (this project's among them) set
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE in the environment, for older
+# OpenBLAS builds that fail on their CPU. That pins every OpenBLAS user to
+# the named core's kernels (Haswell's AVX2 on an AVX-512 CPU: half its
+# sgemm rate), while PyTorch 2.x (MKL) and ONNX Runtime (MLAS) choose their
+# own. "native" (the default) unsets both for every worker, as on a machine
+# without them; "keep" leaves them. The workers report the core they got.
+OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+def openblas_env(mode):
+    """Applies --openblas-env to os.environ (before any worker starts or
+    OpenBLAS loads here); returns a line for the report."""
+    found = ["%s=%s" % (k, os.environ[k]) for k in OPENBLAS_VARS if k in os.environ]
+    if not found:
+        return "OpenBLAS: no OPENBLAS_CORETYPE or OPENBLAS_L2_SIZE in the environment"
+    if mode == "keep":
+        return "OpenBLAS: %s kept (--openblas-env keep)" % " ".join(found)
+    for k in OPENBLAS_VARS:
+        os.environ.pop(k, None)
+    return "OpenBLAS: %s unset for every worker (its own kernel choice)" % " ".join(found)
+
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -387,6 +416,9 @@ def main():
     ap.add_argument("--omp-wait", choices=sorted(OMP_WAIT), default="spin",
                     help="libgomp wait policy of the mitaseg and PyTorch workers (default: spin, "
                     "GOMP_SPINCOUNT=10000, what mitaseg picks on an idle machine)")
+    ap.add_argument("--openblas-env", choices=["native", "keep"], default="native",
+                    help="native: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for every worker "
+                    "(default); keep: leave them")
     ap.add_argument("--attention", default="mita,full")
     ap.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out")
     ap.add_argument("--torch-python", action="append", default=None,
@@ -402,6 +434,7 @@ def main():
                                 or os.environ.get("GOMP_SPINCOUNT")):
         key, value = OMP_WAIT[args.omp_wait]
         os.environ[key] = value
+    blas_note = None if args.worker else openblas_env(args.openblas_env)
     if args.worker == "torch":
         return worker_torch(args)
     if args.worker == "ort":
@@ -453,6 +486,7 @@ def main():
                            for r in rows)
             report["cases"].append({"title": case[0], "results": results})
     report["loadavg"] = [load0[0], os.getloadavg()[0]]
+    report["openblas_env"] = blas_note
 
     libs = {}
     for c in report["cases"]:
@@ -473,6 +507,7 @@ def main():
     print("Machine: %s; %d threads; %s; load average %.1f at start, %.1f at end; libgomp %s"
           % (report["cpu"], args.threads, report["date"], *report["loadavg"], wait))
     print("Versions: %s" % "; ".join(libs.values()))
+    print(blas_note)
     print("Batch 1, uint8 pixels to logits + mask; 1 warm-up + %d timed rounds, contenders "
           "interleaved. Ratio = contender / mitaseg (> 1: mitaseg faster). Peak RSS = VmHWM of "
           "each worker process." % args.rounds)

@@ -6,6 +6,7 @@ attention, interleaved run by run, same thread count.
 
   /usr/bin/python3 bench/bench_mita.py [--build build] [--threads 2]
       [--rounds 5] [--n 1024,4096,16384] [--heads 3,6] [--full-max N]
+      [--openblas-env native|keep]
 
 PyTorch here is Debian's 1.13, which has no scaled_dot_product_attention:
 its contender is softmax(q k^T s) v by torch.matmul and torch.softmax, per
@@ -25,6 +26,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_cpu import openblas_env  # noqa: E402
+
 
 def flops_mita(n, heads, d=64, m=49, k=49):
     return 2.0 * n * d * (4 * m + 2 * k) * heads
@@ -43,7 +47,10 @@ def main():
     ap.add_argument("--heads", default="3,6")
     ap.add_argument("--full-max", type=int, default=1 << 30,
                     help="skip both full attentions above this N")
+    ap.add_argument("--openblas-env", choices=["native", "keep"], default="native",
+                    help="as bench_cpu.py's (native: unset OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE)")
     a = ap.parse_args()
+    print(openblas_env(a.openblas_env), file=sys.stderr)   # before torch loads OpenBLAS
     try:
         import torch
     except ImportError:

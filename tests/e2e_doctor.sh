@@ -35,6 +35,15 @@ if [ "$best" = v4 ]; then
         grep -q '^cpu kernels: v3 path (x86-64-v3: AVX2, FMA); a faster one runs here' "$T/out_v3"
 fi
 check "doctor: OpenBLAS build" grep -Eq '^openblas: OpenBLAS [0-9]' "$T/out"
+# a core named by OPENBLAS_CORETYPE is said to be (the environment as it
+# is: tests leave it alone, since some machines set it because older
+# OpenBLAS builds fail on their CPU)
+if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
+    check "doctor: names OPENBLAS_CORETYPE's choice" \
+        grep -Fq "(chosen by OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE in the environment)" "$T/out"
+else
+    check "doctor: no OPENBLAS_CORETYPE, no note" bash -c "! grep -q 'chosen by OPENBLAS_CORETYPE' '$T/out'"
+fi
 ops="linear layernorm add transpose softmax_rows attention_full mita conv2d conv_transpose2x2
 adaptive_avgpool maxpool2x2 resize_bilinear resize_bicubic crop argmax normalize_pad"
 missing=""

@@ -11,8 +11,10 @@ with the reason.
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import numpy as np
 import torch
@@ -150,7 +152,8 @@ class ExportOnnxTest(unittest.TestCase):
         out = os.path.join(self.tmp.name, "bench.json")
         r = subprocess.run(["/usr/bin/python3", os.path.join(REPO_DIR, "bench", "bench_cpu.py"),
                             "--build", BUILD, "--model", TINY, "--size", "%dx%d" % (W, H),
-                            "--rounds", "1", "--threads", "1", "--gap", "0", "--json", out],
+                            "--rounds", "1", "--threads", "1", "--gap", "0", "--json", out,
+                            "--openblas-env", "keep"],   # tests leave OpenBLAS's variables alone
                            capture_output=True, text=True, timeout=600)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(out) as f:
@@ -173,6 +176,23 @@ class ExportOnnxTest(unittest.TestCase):
         # the header names the CPU kernels the engine ran (kernels/cpu_path.h)
         self.assertRegex(r.stdout, r"Versions: mitaseg \S+ \((CUDA-enabled|CPU-only) build, "
                                    r"(base|v3|v4) CPU kernels; OpenBLAS")
+        self.assertIn(report["openblas_env"], r.stdout)
+        self.assertRegex(report["openblas_env"], r"^OpenBLAS: (no OPENBLAS_CORETYPE|.* kept)")
+
+    def test_bench_openblas_env(self):
+        """--openblas-env native unsets both variables for the workers, keep
+        leaves them; the report line says which (os.environ restored after)."""
+        sys.path.insert(0, os.path.join(REPO_DIR, "bench"))
+        import bench_cpu
+        env = {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512", "OTHER": "1"}
+        with mock.patch.dict(os.environ, env, clear=True):
+            line = bench_cpu.openblas_env("keep")
+            self.assertEqual(dict(os.environ), env)
+            self.assertIn("OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=512 kept", line)
+            line = bench_cpu.openblas_env("native")
+            self.assertEqual(dict(os.environ), {"OTHER": "1"})
+            self.assertIn("OPENBLAS_CORETYPE=Haswell OPENBLAS_L2_SIZE=512 unset", line)
+            self.assertIn("no OPENBLAS_CORETYPE", bench_cpu.openblas_env("native"))
 
 
 if __name__ == "__main__":
