@@ -24,8 +24,8 @@ Every epoch writes OUT/last.pt atomically (--resume continues from it) and
 appends a line to OUT/log.txt; the last epoch (or a time-budget stop) writes
 OUT/model.safetensors: the config's whole model (F32), the backbone
 pretrained, the neck and head at train.py's init; `train.py --init-model`
-then fine-tunes it. --time-budget S stops after
-S seconds at a step boundary, the cosine re-planned to end there.
+then fine-tunes it. --time-budget S stops after S seconds at a step
+boundary, the cosine re-planned to end there.
 """
 
 import argparse
