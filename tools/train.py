@@ -51,7 +51,8 @@ def load_config(path, depth=0):
     relative to this file's folder) with those train keys replaced, and its
     model unless "model" is given: a variant of a recipe names only what it
     changes, so the two cannot drift apart."""
-    cfg = json.load(open(path))
+    with open(path) as f:
+        cfg = json.load(f)
     base = cfg.pop("base", None)
     if base is None:
         return cfg
