@@ -14,7 +14,9 @@
  * attention 4 N^2 d. Prints one JSON line per (heads, N) with min and median
  * ms and GF/s, then a Markdown table. --serve (for bench/bench_mita.py):
  * reads lines "N HEADS" and answers each with one JSON line of one timed
- * round, so a driver can interleave other contenders. */
+ * round, so a driver can interleave other contenders. --only W --spin R
+ * runs item W R more times, untimed, after its timed rounds: a profile's
+ * load. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -205,7 +207,7 @@ typedef struct {
 int main(int argc, char **argv)
 {
     int ns[16] = {1024, 4096, 16384}, hs[16] = {3, 6}, nn = 3, nh = 2;
-    int d = 64, grid = 7, topk = 49, threads = 2, repeat = 7, full_repeat = -1;
+    int d = 64, grid = 7, topk = 49, threads = 2, repeat = 7, full_repeat = -1, spin = 0;
     long full_max = 1L << 30;
     bool serving = false;
     int only = -1;
@@ -220,6 +222,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--repeat") && v) repeat = atoi(v), i++;
         else if (!strcmp(a, "--full-repeat") && v) full_repeat = atoi(v), i++;
         else if (!strcmp(a, "--full-max") && v) full_max = atol(v), i++;
+        else if (!strcmp(a, "--spin") && v) spin = atoi(v), i++;
         else if (!strcmp(a, "--serve")) serving = true;
         else if (!strcmp(a, "--only") && v) {
             for (int w = 0; w < N_TIMED; w++)
@@ -231,11 +234,12 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: bench_mita [--n 1024,4096,16384] [--heads 3,6] [--d 64] [--grid 7]"
                     " [--topk 49] [--threads 2] [--repeat 7] [--full-repeat R] [--full-max N]"
-                    " [--only mita|full|gemm_qkv|gemm_1024|mita_cold] [--serve]\n");
+                    " [--only mita|full|gemm_qkv|gemm_1024|mita_cold [--spin R]] [--serve]\n");
             return 2;
         }
     }
-    if (nn < 1 || nh < 1 || d < 1 || grid < 1 || topk < 1 || threads < 1 || repeat < 1) {
+    if (nn < 1 || nh < 1 || d < 1 || grid < 1 || topk < 1 || threads < 1 || repeat < 1 ||
+        spin < 0 || (spin && only < 0)) {
         fprintf(stderr, "bench_mita: bad arguments\n");
         return 2;
     }
@@ -286,6 +290,7 @@ int main(int argc, char **argv)
                 for (int w = 0; w < N_TIMED; w++)
                     if (ran[w]) t[w][cnt[w]++] = tr[w];
             }
+            for (int r = 0; r < spin; r++) run_one(&l, only); /* for a profiler, untimed */
             result *o = &res[hi][ni];
             printf("{\"n\": %d, \"heads\": %d, \"d\": %d, \"m\": %d, \"k\": %d, \"threads\": %d",
                    l.n, l.heads, d, l.p.gh * l.p.gw, l.k, threads);

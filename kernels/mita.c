@@ -9,8 +9,9 @@
  * queries): routing logits R = Q L^T and routes. Phase 2: each head's
  * queries, counting-sorted by routed expert, in fixed chunks; each
  * expert's k keys and values are gathered once into
- * contiguous rows, so that for a block of its queries the routed logits
- * are one GEMM (nq x k), and the joint softmax's output one more: the
+ * contiguous rows (the keys as columns, K_e^T), so that for a block of its
+ * queries the routed logits are one GEMM (nq x k), and the joint softmax's
+ * output one more, both NN (OpenBLAS's small-matrix kernels): the
  * weights 2^(logit - row max) over [shared | routed] (nq x (M + k), one
  * softmax, in base 2) times [Sv ; V_e] ((M + k) x d), divided by the row's
  * sum as it is scattered out. GEMMs accumulate in float like PyTorch's, so
@@ -73,6 +74,7 @@ typedef struct {
     int32_t *idx;   /* (heads, m, k) routed sets, best first */
     int32_t *route; /* (heads, n) expert of each query */
     float *land;    /* (m, c) landmarks, all heads */
+    float *landt;   /* (c, m) the same, transposed: R = Q L^T as an NN GEMM */
     float *thread;  /* (chunks, thread_layout bytes) sort and work buffers */
     atomic_int *next; /* the next item to take */
     atomic_int *done; /* (heads + 1) phase 1 items finished per head, then landmark rows */
@@ -94,12 +96,12 @@ static void *carve(uint8_t *base, size_t *off, size_t bytes)
     return p;
 }
 
-/* Top-k scratch of one row (floats): keys (n), selected keys (n + 8:
+/* Top-k scratch of one row (floats): keys (n), selected keys (n + 16:
  * the ranking's padding) and positions (n), 64-bit keys for a sort (2k,
  * 8-byte aligned). */
 size_t mita_topk_floats(int n, int k)
 {
-    return 3 * (size_t)n + 8 + 1 + 2 * (size_t)k;
+    return 3 * (size_t)n + 16 + 1 + 2 * (size_t)k;
 }
 
 /* Rows of a summary GEMM block: from n and d only, so that every GEMM's
@@ -138,7 +140,7 @@ static void expert_group_rows(int *e0, int *e1, int j, int groups, int m, int n,
 }
 
 /* Per-thread work buffer: phase 1, a group's probe rows (g, n), their
- * sums and one row's top-k scratch; phase 2, the expert's keys (k, d), the
+ * sums and one row's top-k scratch; phase 2, the expert's keys (d, k), the
  * summaries and its values (m + k, d), a query block (QB, d), its logits
  * (QB, m + k), outputs (QB, d), shared masses and 1 / sums (QB). */
 static size_t work_floats(int n, int m, int k, int d, int g)
@@ -180,6 +182,7 @@ static size_t mita_layout(mita_ws *w, void *base, int n, int c, int heads, int m
     w->idx = carve(b, &off, (size_t)heads * m * k * sizeof(int32_t));
     w->route = carve(b, &off, (size_t)heads * n * sizeof(int32_t));
     w->land = carve(b, &off, (size_t)m * c * sizeof(float));
+    w->landt = carve(b, &off, (size_t)m * c * sizeof(float));
     w->thread =
         carve(b, &off, (size_t)chunks * thread_layout(&th, NULL, n, c, heads, m, k, chunks));
     w->next = carve(b, &off, sizeof(atomic_int));
@@ -277,9 +280,9 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
                    float *buf /* (mita_topk_floats(n, k)) */)
 {
     uint32_t *key = (uint32_t *)buf;               /* (n) */
-    uint32_t *wkey = key + n;                      /* (n + 8) keys >= the k-th, then winners' */
-    int32_t *wpos = (int32_t *)(wkey + n + 8);     /* (n) their positions */
-    uintptr_t at = ((uintptr_t)(buf + 3 * (size_t)n + 8) + 7) & ~(uintptr_t)7;
+    uint32_t *wkey = key + n;                      /* (n + 16) keys >= the k-th, then winners' */
+    int32_t *wpos = (int32_t *)(wkey + n + 16);    /* (n) their positions */
+    uintptr_t at = ((uintptr_t)(buf + 3 * (size_t)n + 16) + 7) & ~(uintptr_t)7;
     uint64_t *u64 = (uint64_t *)at;                /* (k) composite keys, 8-byte aligned */
     uint32_t kmin, kmax;
     float sum, sumsq;
@@ -294,7 +297,7 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
             wpos[w++] = wpos[i];
         }
     if (k <= 128) {
-        int kp = (k + 7) & ~7;
+        int kp = (k + 15) & ~15;
         for (int j = k; j < kp; j++) wkey[j] = 0; /* no key is above them */
         mita_rank_desc(idx, wkey, wpos, k, kp);
     } else {
@@ -306,8 +309,9 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
 
 /* Row gy of L = adaptive average pool of q (all c channels) to (gh, gw);
  * qkv: the grid tokens only (spec 2.7: the class token is not pooled). */
-static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp*wp, 3c) */,
-                           int hp, int wp, int c, int gh, int gw, int gy)
+static void mita_landmarks(float *land /* (gh*gw, c) */, float *landt /* (c, gh*gw) */,
+                           const float *qkv /* (hp*wp, 3c) */, int hp, int wp, int c, int gh,
+                           int gw, int gy)
 {
     size_t ld = 3 * (size_t)c;
     for (int mi = gy * gw; mi < (gy + 1) * gw; mi++) {
@@ -317,9 +321,12 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, const float *qkv /* (hp
         float *l = land + (size_t)mi * c;
         for (int ch = 0; ch < c; ch++) l[ch] = 0.0f;
         for (int y = y0; y < y1; y++)
-            for (int x = x0; x < x1; x++) mita_add(l, qkv + ((size_t)y * wp + x) * ld, c);
+            mita_add_rows(l, qkv + ((size_t)y * wp + x0) * ld, ld, x1 - x0, c);
         float cnt = (float)((y1 - y0) * (x1 - x0));
-        for (int ch = 0; ch < c; ch++) l[ch] /= cnt;
+        for (int ch = 0; ch < c; ch++) {
+            l[ch] /= cnt;
+            landt[(size_t)ch * gh * gw + mi] = l[ch];
+        }
     }
 }
 
@@ -362,16 +369,18 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
 }
 
 /* Routing logits R = Q L^T of queries [q0, q1) of head h and their routes
- * e = argmax R[q, :] (ties to the lower expert). */
+ * e = argmax R[q, :] (ties to the lower expert). With L^T stored, an NN
+ * GEMM: OpenBLAS runs it with its small-matrix kernel, where Q L^T took
+ * the packing path. */
 static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */,
-                       const float *land /* (m, c) */, int n, int c, int d, int h, int m, int q0,
-                       int q1)
+                       const float *landt /* (c, m) */, int n, int c, int d, int h, int m,
+                       int q0, int q1)
 {
     size_t ld = 3 * (size_t)c;
     float *r = w->scores + ((size_t)h * n + q0) * m;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, q1 - q0, m, d, 1.0f,
-                qkv + (size_t)q0 * ld + (size_t)h * d, (int)ld, land + (size_t)h * d, c, 0.0f, r,
-                m);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, q1 - q0, m, d, 1.0f,
+                qkv + (size_t)q0 * ld + (size_t)h * d, (int)ld, landt + (size_t)h * d * m, m,
+                0.0f, r, m);
     mita_argmax_rows(w->route + (size_t)h * n + q0, r, q1 - q0, m);
 }
 
@@ -421,7 +430,7 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
     float s = mita_scale(d) / s_shared, s_shared2 = s_shared * MITA_LOG2E;
     const int32_t *route = w->route + (size_t)h * n;
     const float *scores = w->scores + (size_t)h * n * m; /* (n, m) */
-    float *ke = th->work;                  /* (k, d) the expert's keys */
+    float *ke = th->work;                  /* (d, k) the expert's keys, transposed */
     float *sve = ke + (size_t)k * d;       /* (m + k, d) summaries, then its values */
     float *qb = sve + (size_t)mk * d;      /* (QB, d) query block */
     float *lg = qb + (size_t)MITA_QB * d;  /* (QB, m + k) logits, then weights */
@@ -439,14 +448,14 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
         const int32_t *qs = th->order + p; /* the block's queries */
         if (e != have) {
             const int32_t *ids = w->idx + ((size_t)h * m + e) * k;
-            mita_gather_rows(ke, d, qkv + c + (size_t)h * d, ld, ids, k, d);
+            mita_gather_rows_t(ke, k, qkv + c + (size_t)h * d, ld, ids, k, d);
             mita_gather_rows(sve + (size_t)m * d, d, qkv + 2 * (size_t)c + (size_t)h * d, ld, ids,
                              k, d);
             have = e;
         }
         mita_gather_rows(qb, d, qkv + (size_t)h * d, ld, qs, nb, d);
         mita_gather_rows(lg, mk, scores, m, qs, nb, m);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, k, d, s, qb, d, ke, d, 0.0f,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, d, s, qb, d, ke, k, 0.0f,
                     lg + m, mk);
         mita_joint_softmax(lg, inv, rec && rec->shared_mass ? mass : NULL, nb, m, k, s_shared2);
         for (int r = 0; rec && r < nb; r++) {
@@ -497,7 +506,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
          * pooling every landmark itself, 7 % at N = 16384). */
         for (int it; (it = atomic_fetch_add_explicit(w.next, 1, memory_order_relaxed)) < total;) {
             if (it < gh) {
-                mita_landmarks(w.land, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw, it);
+                mita_landmarks(w.land, w.landt, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw, it);
                 atomic_fetch_add_explicit(&w.done[heads], 1, memory_order_release);
                 continue;
             }
@@ -510,7 +519,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                     expert_group_rows(&e0, &e1, j, groups, m, n, d);
                     mita_experts(&w, qkv, w.land, n, ncls, c, d, h, m, k, e0, e1, rec, th.work);
                 } else {
-                    mita_route(&w, qkv, w.land, n, c, d, h, m,
+                    mita_route(&w, qkv, w.landt, n, c, d, h, m,
                                (int)((long)n * (j - groups) / blocks),
                                (int)((long)n * (j - groups + 1) / blocks));
                 }

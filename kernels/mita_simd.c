@@ -17,10 +17,14 @@ float MS_SIMD_FN(mita_max)(const float *x, int n)
     return m;
 }
 
-void MS_SIMD_FN(mita_add)(float *restrict acc, const float *restrict x, int n)
+void MS_SIMD_FN(mita_add_rows)(float *restrict acc, const float *restrict x, size_t ld, int rows,
+                               int n)
 {
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * ld;
 #pragma omp simd
-    for (int i = 0; i < n; i++) acc[i] += x[i];
+        for (int i = 0; i < n; i++) acc[i] += xr[i];
+    }
 }
 
 /* topk_key as bit operations the compiler vectorises: -0 becomes +0, a
@@ -103,6 +107,33 @@ void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int 
 {
     for (int r = 0; r < rows; r++) {
         const float *row = x + (size_t)r * m;
+#ifdef __AVX512F__
+        /* 16 lanes, the tail masked in (m = 49: 3 vectors and 1 lane,
+         * where 8 lanes took 6 and a scalar one) */
+        if (m <= 128) {
+            int nv = (m + 15) / 16;
+            __mmask16 tm = (__mmask16)(0xFFFFu >> (16 * nv - m));
+            __m512 v[8], mx = _mm512_set1_ps(-INFINITY);
+            __mmask16 nan = 0;
+            for (int i = 0; i < nv; i++) {
+                v[i] = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), i + 1 < nv ? 0xFFFF : tm,
+                                            row + 16 * i);
+                mx = _mm512_max_ps(mx, v[i]);
+                nan |= _mm512_cmp_ps_mask(v[i], v[i], _CMP_UNORD_Q);
+            }
+            if (!nan) {
+                /* the first lane equal to the max, from one 64-bit mask
+                 * per 4 vectors, without a branch per vector (which one
+                 * holds the max is a coin toss: mispredicted) */
+                __m512 bv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+                uint64_t eq[2] = {0, 0};
+                for (int i = 0; i < nv; i++)
+                    eq[i / 4] |= (uint64_t)_mm512_cmp_ps_mask(v[i], bv, _CMP_EQ_OQ) << (16 * (i % 4));
+                route[r] = eq[0] ? __builtin_ctzll(eq[0]) : 64 + __builtin_ctzll(eq[1]);
+                continue;
+            }
+        }
+#endif
 #ifdef __AVX2__
         int nv = m / 8;
         if (nv >= 1) {
@@ -144,12 +175,46 @@ void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int 
 
 /* Branch-free: each entry's rank is one vector count over the keys (the
  * higher ones, and the equal ones before it: they have lower positions).
- * 256-bit on v4 too: np = 56 for k = 49 is 3.5 512-bit vectors, and the
- * half-vector tail made it twice as slow (perf, N = 1024). */
-SIMD_256_FN
+ * mita_topk_row pads np to a multiple of 16, whole 512-bit vectors on v4
+ * (np = 56 for k = 49 was 3.5 of them, and the half-vector tail made it
+ * twice as slow as 256-bit vectors; perf, N = 1024). */
 void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
                                 int np)
 {
+#ifdef __AVX512F__
+    /* Up to 128 keys in 8 registers of per-lane ranks: each key i, as a
+     * broadcast, adds 1 to the rank of every key below it. No horizontal
+     * sum per key, which the per-key count below ends with (its share of
+     * the layer's samples went from 5.5 % to 2.6 %, N = 1024). Equal keys
+     * (rare: equal scores) get equal ranks; then the count below, which
+     * orders them by position. */
+    if (np <= 128) {
+        int nv = (np + 15) / 16;
+        __m512i kv[8], rk[8];
+        for (int v = 0; v < nv; v++) {
+            kv[v] = _mm512_loadu_si512(key + 16 * v);
+            rk[v] = _mm512_setzero_si512();
+        }
+        const __m512i one = _mm512_set1_epi32(1);
+        for (int i = 0; i < n; i++) {
+            __m512i ki = _mm512_set1_epi32((int)key[i]);
+            for (int v = 0; v < nv; v++)
+                rk[v] = _mm512_mask_add_epi32(rk[v], _mm512_cmpgt_epu32_mask(ki, kv[v]), rk[v], one);
+        }
+        int32_t r[128];
+        uint8_t used[128] = {0};
+        bool tie = false;
+        for (int v = 0; v < nv; v++) _mm512_storeu_si512(r + 16 * v, rk[v]);
+        for (int j = 0; j < n; j++) {
+            tie |= used[r[j]];
+            used[r[j]] = 1;
+        }
+        if (!tie) {
+            for (int j = 0; j < n; j++) idx[r[j]] = pos[j];
+            return;
+        }
+    }
+#endif
     for (int i = 0; i < n; i++) {
         uint32_t v = key[i];
         int r = 0;
@@ -179,18 +244,67 @@ static inline float exp2_sum(float *x, int n, float scale, float shift)
 /* Per row: the max, 2^(logit * scale - max) and the sum in two uniform
  * passes over all m + k (the routed logits come scaled to the shared
  * ones' units), then the shared part's sum when asked. exp2_sum's inlined
- * exp2 was worth it: libmvec's expf was a third of this. */
+ * exp2 was worth it: libmvec's expf was a third of this. On v4 both passes
+ * take 16 lanes with a masked tail (m + k = 98 is 6 vectors and 2 lanes;
+ * as compiled the tail went scalar, so the loops took 256-bit vectors):
+ * 1.6x faster at N = 1024. */
+#ifdef __AVX512F__
+static inline float row_max(const float *row, int mk)
+{
+    int nv = mk / 16;
+    __mmask16 tm = (__mmask16)((1u << (mk % 16)) - 1u);
+    __m512 mx = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tm, row + 16 * nv);
+    for (int v = 0; v < nv; v++) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + 16 * v));
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* *inv: the row's shift (max times scale) on entry */
+static void joint_softmax_row(float *row, float *inv, int mk, float scale)
+{
+    int nv = mk / 16;
+    __mmask16 tm = (__mmask16)((1u << (mk % 16)) - 1u);
+    __m512 sc = _mm512_set1_ps(scale);
+    __m512 sh = _mm512_set1_ps(*inv);
+    __m512 sum = _mm512_setzero_ps(), z = _mm512_setzero_ps(), zero = _mm512_setzero_ps();
+    for (int v = 0; v < nv; v++) {
+        __m512 x = _mm512_loadu_ps(row + 16 * v);
+        __m512 e = exp2_clamped_v16(_mm512_fmsub_ps(x, sc, sh));
+        _mm512_storeu_ps(row + 16 * v, e);
+        sum = _mm512_add_ps(sum, e);
+        z = _mm512_add_ps(z, _mm512_mul_ps(x, zero));
+    }
+    if (tm) {
+        __m512 x = _mm512_maskz_loadu_ps(tm, row + 16 * nv);
+        __m512 e = exp2_clamped_v16(_mm512_fmsub_ps(x, sc, sh));
+        _mm512_mask_storeu_ps(row + 16 * nv, tm, e);
+        sum = _mm512_mask_add_ps(sum, tm, sum, e);
+        z = _mm512_add_ps(z, _mm512_mul_ps(x, zero));
+    }
+    /* z: NaN lanes where the row held a NaN or an infinity (as exp2_sum) */
+    *inv = _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) ? NAN : 1.0f / _mm512_reduce_add_ps(sum);
+}
+#else
 SIMD_256_FN
+static void joint_softmax_row(float *row, float *inv, int mk, float scale)
+{
+    float mx = row[0];
+#pragma omp simd reduction(max : mx)
+    for (int i = 1; i < mk; i++) mx = row[i] > mx ? row[i] : mx;
+    *inv = 1.0f / exp2_sum(row, mk, scale, mx * scale); /* NaN stays NaN */
+}
+#endif
+
 void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, int m, int k,
                                     float scale)
 {
     int mk = m + k;
+#ifdef __AVX512F__
+    /* all rows' maxima first: their reductions overlap */
+    for (int r = 0; r < nb; r++) inv[r] = row_max(lg + (size_t)r * mk, mk) * scale;
+#endif
     for (int r = 0; r < nb; r++) {
         float *row = lg + (size_t)r * mk;
-        float mx = row[0];
-#pragma omp simd reduction(max : mx)
-        for (int i = 1; i < mk; i++) mx = row[i] > mx ? row[i] : mx;
-        inv[r] = 1.0f / exp2_sum(row, mk, scale, mx * scale); /* NaN stays NaN */
+        joint_softmax_row(row, &inv[r], mk, scale);
         if (mass) {
             float l_a = 0.0f;
 #pragma omp simd reduction(+ : l_a)
@@ -221,6 +335,51 @@ MITA_NO_MEMCPY void MS_SIMD_FN(mita_gather_rows)(float *restrict dst, size_t dld
         float *b = dst + (size_t)r * dld;
 #pragma omp simd
         for (int t = 0; t < d; t++) b[t] = a[t];
+    }
+}
+
+/* AVX2: 8 rows at a time, 8 x 8 tiles transposed in registers (a column
+ * store per element took longer than OpenBLAS's own packing that the
+ * transposed keys save). */
+void MS_SIMD_FN(mita_gather_rows_t)(float *restrict dst, size_t dld, const float *restrict src,
+                                     size_t sld, const int32_t *rows, int nr, int d)
+{
+    int r0 = 0;
+#ifdef __AVX2__
+    for (; r0 + 8 <= nr; r0 += 8) {
+        const float *a[8];
+        for (int i = 0; i < 8; i++) a[i] = src + (size_t)rows[r0 + i] * sld;
+        int t0 = 0;
+        for (; t0 + 8 <= d; t0 += 8) {
+            __m256 x0 = _mm256_loadu_ps(a[0] + t0), x1 = _mm256_loadu_ps(a[1] + t0);
+            __m256 x2 = _mm256_loadu_ps(a[2] + t0), x3 = _mm256_loadu_ps(a[3] + t0);
+            __m256 x4 = _mm256_loadu_ps(a[4] + t0), x5 = _mm256_loadu_ps(a[5] + t0);
+            __m256 x6 = _mm256_loadu_ps(a[6] + t0), x7 = _mm256_loadu_ps(a[7] + t0);
+            __m256 u0 = _mm256_unpacklo_ps(x0, x1), u1 = _mm256_unpackhi_ps(x0, x1);
+            __m256 u2 = _mm256_unpacklo_ps(x2, x3), u3 = _mm256_unpackhi_ps(x2, x3);
+            __m256 u4 = _mm256_unpacklo_ps(x4, x5), u5 = _mm256_unpackhi_ps(x4, x5);
+            __m256 u6 = _mm256_unpacklo_ps(x6, x7), u7 = _mm256_unpackhi_ps(x6, x7);
+            __m256 v0 = _mm256_shuffle_ps(u0, u2, 0x44), v1 = _mm256_shuffle_ps(u0, u2, 0xEE);
+            __m256 v2 = _mm256_shuffle_ps(u1, u3, 0x44), v3 = _mm256_shuffle_ps(u1, u3, 0xEE);
+            __m256 v4 = _mm256_shuffle_ps(u4, u6, 0x44), v5 = _mm256_shuffle_ps(u4, u6, 0xEE);
+            __m256 v6 = _mm256_shuffle_ps(u5, u7, 0x44), v7 = _mm256_shuffle_ps(u5, u7, 0xEE);
+            float *b = dst + (size_t)t0 * dld + r0;
+            _mm256_storeu_ps(b, _mm256_permute2f128_ps(v0, v4, 0x20));
+            _mm256_storeu_ps(b + dld, _mm256_permute2f128_ps(v1, v5, 0x20));
+            _mm256_storeu_ps(b + 2 * dld, _mm256_permute2f128_ps(v2, v6, 0x20));
+            _mm256_storeu_ps(b + 3 * dld, _mm256_permute2f128_ps(v3, v7, 0x20));
+            _mm256_storeu_ps(b + 4 * dld, _mm256_permute2f128_ps(v0, v4, 0x31));
+            _mm256_storeu_ps(b + 5 * dld, _mm256_permute2f128_ps(v1, v5, 0x31));
+            _mm256_storeu_ps(b + 6 * dld, _mm256_permute2f128_ps(v2, v6, 0x31));
+            _mm256_storeu_ps(b + 7 * dld, _mm256_permute2f128_ps(v3, v7, 0x31));
+        }
+        for (; t0 < d; t0++)
+            for (int i = 0; i < 8; i++) dst[(size_t)t0 * dld + r0 + i] = a[i][t0];
+    }
+#endif
+    for (; r0 < nr; r0++) {
+        const float *a = src + (size_t)rows[r0] * sld;
+        for (int t = 0; t < d; t++) dst[(size_t)t * dld + r0] = a[t];
     }
 }
 

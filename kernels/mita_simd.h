@@ -18,8 +18,10 @@ MS_SIMD_DECLARE(float, mita_max, (const float *x /* (n) */, int n));
  * the row max times scale); returns the sum of the new x, NaN where x held
  * a NaN or an infinity. */
 MS_SIMD_DECLARE(float, mita_exp2_sum, (float *x /* (n) */, int n, float scale, float shift));
-/* acc[i] += x[i]. */
-MS_SIMD_DECLARE(void, mita_add, (float *acc /* (n) */, const float *x /* (n) */, int n));
+/* acc[i] += x[r ld + i] for r = 0 .. rows-1, in that order (one call per
+ * run of tokens: the landmarks' pooling). */
+MS_SIMD_DECLARE(void, mita_add_rows,
+                (float *acc /* (n) */, const float *x /* (rows, ld) */, size_t ld, int rows, int n));
 /* key[i] = topk_key(x[i]) (mita_cuda_math.h): the order-preserving keys;
  * their least and largest, and the sums of x and x^2 (reassociated: for
  * the search's first guess only). */
@@ -56,6 +58,11 @@ MS_SIMD_DECLARE(void, mita_joint_softmax,
 MS_SIMD_DECLARE(void, mita_gather_rows,
                 (float *dst /* (nr, dld) */, size_t dld, const float *src, size_t sld,
                  const int32_t *rows /* (nr) */, int nr, int d));
+/* dst[t * dld + r] = src[rows[r] * sld + t], t < d: the rows gathered as
+ * columns (dld >= nr), so that a GEMM takes them untransposed. */
+MS_SIMD_DECLARE(void, mita_gather_rows_t,
+                (float *dst /* (d, dld) */, size_t dld, const float *src, size_t sld,
+                 const int32_t *rows /* (nr) */, int nr, int d));
 MS_SIMD_DECLARE(void, mita_scatter_rows_scaled,
                 (float *dst, size_t dld, const float *src /* (nr, sld) */, size_t sld,
                  const int32_t *rows /* (nr) */, const float *f /* (nr) */, int nr, int d));
@@ -65,9 +72,9 @@ static inline float mita_exp2_sum(float *x, int n, float scale, float shift)
 {
     return MS_SIMD_CALL(mita_exp2_sum, x, n, scale, shift);
 }
-static inline void mita_add(float *acc, const float *x, int n)
+static inline void mita_add_rows(float *acc, const float *x, size_t ld, int rows, int n)
 {
-    MS_SIMD_CALL(mita_add, acc, x, n);
+    MS_SIMD_CALL(mita_add_rows, acc, x, ld, rows, n);
 }
 static inline void mita_keys(uint32_t *key, const float *x, int n, uint32_t *kmin,
                              uint32_t *kmax, float *sum, float *sumsq)
@@ -101,6 +108,11 @@ static inline void mita_gather_rows(float *dst, size_t dld, const float *src, si
                                     const int32_t *rows, int nr, int d)
 {
     MS_SIMD_CALL(mita_gather_rows, dst, dld, src, sld, rows, nr, d);
+}
+static inline void mita_gather_rows_t(float *dst, size_t dld, const float *src, size_t sld,
+                                      const int32_t *rows, int nr, int d)
+{
+    MS_SIMD_CALL(mita_gather_rows_t, dst, dld, src, sld, rows, nr, d);
 }
 static inline void mita_scatter_rows_scaled(float *dst, size_t dld, const float *src, size_t sld,
                                             const int32_t *rows, const float *f, int nr, int d)

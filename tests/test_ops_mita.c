@@ -346,8 +346,8 @@ END_TEST
 
 START_TEST(test_mita_row_helpers_paths)
 {
-    /* The row max and add on every path the CPU runs, at lengths with and
-     * without tails, against plain loops. */
+    /* The row max and the rows' add on every path the CPU runs, at lengths
+     * with and without tails, against plain loops. */
     ms_cpu_path start = cpu_path_get();
     int n_paths = cpu_path_count();
     float x[203], acc[203], want[203];
@@ -359,8 +359,16 @@ START_TEST(test_mita_row_helpers_paths)
             for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
             ck_assert(mita_max(x, n) == mx);
             for (int i = 0; i < n; i++) acc[i] = want[i] = (float)i * 0.25f;
-            mita_add(acc, x, n);
+            mita_add_rows(acc, x, 0, 1, n);
             for (int i = 0; i < n; i++) ck_assert(acc[i] == want[i] + x[i]);
+            /* rows in order: 3 rows 5 apart (overlapping, ld < n) */
+            int rows = (n - 1) / 5 < 3 ? (n - 1) / 5 : 3;
+            for (int i = 0; i < n; i++) acc[i] = want[i] = (float)i * 0.25f;
+            mita_add_rows(acc, x, 5, rows, n - 5 * rows);
+            for (int i = 0; i < n - 5 * rows; i++) {
+                for (int r = 0; r < rows; r++) want[i] += x[r * 5 + i];
+                ck_assert(acc[i] == want[i]);
+            }
         }
     }
     ck_assert_int_eq(cpu_path_set(start), MS_OK);
@@ -555,6 +563,23 @@ START_TEST(test_mita_fast_helpers_paths)
             for (int r = 0; r < n; r++)
                 for (int t = 0; t < 2; t++)
                     ck_assert(got[r * 2 + t] == src[rows[r] * 3 + t]);
+            /* transposed: rows as columns of a (d, n + 3) block, at d with
+             * and without an 8-wide tail; the 3 columns past n untouched */
+            const int ds[] = {1, 8, 13, 64};
+            for (size_t di = 0; di < sizeof ds / sizeof ds[0]; di++) {
+                int d = ds[di];
+                size_t dld = (size_t)n + 3;
+                float *src2 = frand((size_t)n * 70, 9u + (uint32_t)n, -1.0f, 1.0f);
+                float *dst2 = frand((size_t)d * dld, 10u, 5.0f, 6.0f), *keep = falloc((size_t)d * dld);
+                memcpy(keep, dst2, (size_t)d * dld * sizeof(float));
+                mita_gather_rows_t(dst2, dld, src2, 70, rows, n, d);
+                for (int t = 0; t < d; t++)
+                    for (size_t r = 0; r < dld; r++)
+                        ck_assert_msg(dst2[t * dld + r] ==
+                                          (r < (size_t)n ? src2[rows[r] * 70 + t] : keep[t * dld + r]),
+                                      "path %d n %d d %d: [%d][%zu]", pi, n, d, t, r);
+                free(src2), free(dst2), free(keep);
+            }
             for (int i = 0; i < n * 3; i++) got[i] = -9.0f;
             for (int i = 0; i < n; i++) rows[i] = n - 1 - i; /* a permutation */
             mita_scatter_rows_scaled(got, 3, src, 3, rows, fac, n, 2);
