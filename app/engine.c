@@ -1069,6 +1069,10 @@ ms_status engine_run_batch(ms_engine *e, ms_result *res, const ms_image *const *
 #ifdef MS_HAVE_CUDA
     if (e->be.device == MS_DEVICE_CUDA) MS_TRY(cuda_ctx_use(e->cu)); /* this thread's GPU */
 #endif
+    /* the engine's thread count on this thread too: a worker thread's
+     * OpenMP regions would otherwise take a team per core (segment --tile
+     * 16 at --threads 1 spent 18 s of 30 in futex calls) */
+    backend_use_threads(&e->be);
     /* Flip TTA: the mirror images run as images count..2count-1 of the same
      * pass; their logits are mirrored back and averaged in on the host. */
     const bool tta = opt->tta_flip;

@@ -151,6 +151,15 @@ void backend_set_threads(ms_backend *be, int threads)
     be->threads = threads;
 }
 
+void backend_use_threads(const ms_backend *be)
+{
+#ifdef _OPENMP
+    if (be->threads > 0 && omp_get_max_threads() != be->threads) omp_set_num_threads(be->threads);
+#else
+    (void)be;
+#endif
+}
+
 bool ms_gpu_present(void)
 {
     const char *env = getenv("MS_EXPECT_GPU");

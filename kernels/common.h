@@ -125,6 +125,10 @@ typedef struct {
 } ms_backend;
 
 void backend_set_threads(ms_backend *be, int threads);
+/* OpenMP's team size is a per-thread setting: makes be->threads the calling
+ * thread's, for a run on another thread than backend_set_threads's (a
+ * batch worker, the viewer's). */
+void backend_use_threads(const ms_backend *be);
 
 /* Whether this machine has an NVIDIA GPU, judged without CUDA: the kernel
  * driver lists one (/proc/driver/nvidia/gpus, /dev/nvidia0), or

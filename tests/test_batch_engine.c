@@ -2,12 +2,16 @@
  * image the result engine_run gives it alone, on the fixture models with MiTA
  * (mita_d) and full attention (full_none). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "app/engine.h"
 #include "testutil.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Batched against single logits, relative to the largest |logit|. The batch
  * runs the backbone's linears as one GEMM over B*N rows instead of N: OpenBLAS
@@ -214,6 +218,54 @@ START_TEST(test_batch_rejects)
 }
 END_TEST
 
+#ifdef _OPENMP
+typedef struct {
+    ms_engine *e;
+    ms_image img;
+    int team; /* OpenMP's team size on the running thread, seen from the trace */
+    ms_status st;
+} thread_run;
+
+static void on_trace_team(void *user, const char *name, const float *data, int ndim,
+                          const int64_t *shape)
+{
+    (void)name, (void)data, (void)ndim, (void)shape;
+    ((thread_run *)user)->team = omp_get_max_threads();
+}
+
+static void *run_on_thread(void *arg)
+{
+    thread_run *t = arg;
+    ms_result res;
+    memset(&res, 0, sizeof res);
+    t->st = engine_run(t->e, &res, &t->img, NULL);
+    result_free(&res);
+    return NULL;
+}
+
+/* A run on another thread than engine_init's uses the engine's thread
+ * count there too (OpenMP's is per thread): asked for one more than the
+ * cores, which a new thread would not get by default. */
+START_TEST(test_engine_threads_on_worker)
+{
+    int want = omp_get_num_procs() + 1;
+    ms_engine_options eo = {.device = MS_DEV_CPU, .threads = want, .fp32 = true};
+    thread_run t = {.team = -1};
+    ck_assert_msg(engine_init(&t.e, fixture_path(models[0]), &eo) == MS_OK, "%s",
+                  ms_last_error());
+    make_image(&t.img, 32, 24, 3);
+    engine_set_trace(t.e, on_trace_team, &t);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, run_on_thread, &t), 0);
+    ck_assert_int_eq(pthread_join(th, NULL), 0);
+    ck_assert_msg(t.st == MS_OK, "%s", ms_last_error());
+    ck_assert_int_eq(t.team, want);
+    free(t.img.rgb);
+    engine_free(t.e);
+}
+END_TEST
+#endif
+
 typedef struct {
     int logits_calls;
     float *copies[2];
@@ -271,6 +323,9 @@ int main(void)
                         (int)(sizeof models / sizeof models[0]));
     tcase_add_test(tc, test_batch_rejects);
     tcase_add_test(tc, test_batch_trace);
+#ifdef _OPENMP
+    tcase_add_test(tc, test_engine_threads_on_worker);
+#endif
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
