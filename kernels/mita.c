@@ -40,14 +40,26 @@
 /* Phase 1 items: queries per routing item (at most). Routing items are
  * small: they keep the other threads busy while one runs a head's experts. */
 #define MITA_RB 128
-/* Experts' summary GEMMs (rows x d x n) in row blocks of at most
- * MITA_SB rows and MITA_SB_MNK multiply-adds where that allows blocks of
- * at least 4 rows, else in one: OpenBLAS 0.3.21 runs such blocks with its
- * small-matrix kernels, without packing (1 thread, AVX-512, 49 rows in
- * all: N = 690 39 us against 49 in one GEMM, N = 1024 57 against 75 (88 in
- * blocks of 16); N = 4096 299 in one, 376 in blocks of 16). */
+/* Experts are split into groups (phase 1 items) in whole blocks of
+ * MITA_SB rows. A group's summary GEMM (rows x d x n) runs in slices of
+ * MITA_SKB tokens, summed with beta = 1: at most 49 x 64 x 64
+ * multiply-adds a call, so OpenBLAS 0.3.21 runs each with its small-matrix
+ * kernel, without packing, whatever n (1 thread, AVX-512 kernels, 49 rows,
+ * d = 64: N = 1024 28 us against 36 in blocks of 12 rows; N = 4096 115
+ * against 158 in one GEMM; N = 16384 526 against 734). Each output's sum
+ * over a slice is in token order whatever the rows in the call, so the
+ * results do not depend on the grouping (the thread count). */
 #define MITA_SB 12
-#define MITA_SB_MNK 786432
+#define MITA_SKB 64
+
+/* Tokens per summary slice: MITA_SKB, fewer where m x d is so large that
+ * a slice of all m rows would leave the small-matrix kernel (its limit is
+ * 10^6 multiply-adds); from m and d only, not the group's rows. */
+static int summary_slice(int m, int d)
+{
+    long t = 786432L / ((long)m * d);
+    return t >= MITA_SKB ? MITA_SKB : t < 8 ? 8 : (int)t;
+}
 
 /* Phase 2 items: about this many expert-sorted queries of one head (an
  * expert cut by a chunk's end is gathered once more). */
@@ -104,13 +116,11 @@ size_t mita_topk_floats(int n, int k)
     return 3 * (size_t)n + 16 + 1 + 2 * (size_t)k;
 }
 
-/* Rows of a summary GEMM block: from n and d only, so that every GEMM's
- * shape, and so its rounding, is the same whatever the thread count
- * (OpenBLAS's sum over n depends on the rows in the call). */
+/* Rows of an expert block, the unit of the groups. */
 static int summary_rows(int m, int n, int d)
 {
-    long sb = MITA_SB_MNK / ((long)d * n);
-    return sb < 4 ? m : (int)(sb > MITA_SB ? MITA_SB : sb);
+    (void)n, (void)d;
+    return m < MITA_SB ? m : MITA_SB;
 }
 
 /* Summary GEMM blocks per head: m in blocks of summary_rows. */
@@ -359,11 +369,12 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
         sum[e - e0] = mita_exp2_sum(row, n, s2, mx);
     }
     float *sv = w->sv + ((size_t)h * m + e0) * d;
-    int sb = summary_rows(m, n, d); /* e0 is a multiple of sb */
-    for (int r = 0; r < g; r += sb)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g - r < sb ? g - r : sb, d, n,
-                    1.0f, p + (size_t)r * n, n, qkv + 2 * (size_t)c + (size_t)h * d, (int)ld, 0.0f,
-                    sv + (size_t)r * d, d);
+    int skb = summary_slice(m, d);
+    for (int t0 = 0; t0 < n; t0 += skb)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, n - t0 < skb ? n - t0 : skb,
+                    1.0f, p + t0, n,
+                    qkv + (size_t)t0 * ld + 2 * (size_t)c + (size_t)h * d, (int)ld,
+                    t0 ? 1.0f : 0.0f, sv, d);
     for (int e = 0; e < g; e++)
         for (int j = 0; j < d; j++) sv[(size_t)e * d + j] /= sum[e];
 }
