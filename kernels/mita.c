@@ -117,33 +117,29 @@ size_t mita_topk_floats(int n, int k)
 }
 
 /* Rows of an expert block, the unit of the groups. */
-static int summary_rows(int m, int n, int d)
-{
-    (void)n, (void)d;
-    return m < MITA_SB ? m : MITA_SB;
-}
+static int summary_rows(int m) { return m < MITA_SB ? m : MITA_SB; }
 
-/* Summary GEMM blocks per head: m in blocks of summary_rows. */
-static int summary_blocks(int m, int n, int d)
+/* Expert blocks per head: m in blocks of summary_rows. */
+static int summary_blocks(int m)
 {
-    int sb = summary_rows(m, n, d);
+    int sb = summary_rows(m);
     return (m + sb - 1) / sb;
 }
 
 /* Expert items per head: at least one per thread, else as few as possible
  * (one probe GEMM over all m landmarks runs 30 % faster than over 16 of
  * them three times: K is packed once); whole summary blocks each. */
-static int expert_groups(int m, int n, int d, int heads, int chunks)
+static int expert_groups(int m, int heads, int chunks)
 {
-    int blocks = summary_blocks(m, n, d), g = (chunks + heads - 1) / heads;
+    int blocks = summary_blocks(m), g = (chunks + heads - 1) / heads;
     return g < 1 ? 1 : (g > blocks ? blocks : g);
 }
 
 /* Experts [*e0, *e1) of group j of groups: summary blocks [j B / groups,
  * (j + 1) B / groups) of the B blocks. */
-static void expert_group_rows(int *e0, int *e1, int j, int groups, int m, int n, int d)
+static void expert_group_rows(int *e0, int *e1, int j, int groups, int m)
 {
-    int sb = summary_rows(m, n, d), blocks = summary_blocks(m, n, d);
+    int sb = summary_rows(m), blocks = summary_blocks(m);
     int b0 = (int)((long)blocks * j / groups), b1 = (int)((long)blocks * (j + 1) / groups);
     *e0 = b0 * sb;
     *e1 = b1 * sb < m ? b1 * sb : m;
@@ -166,8 +162,8 @@ static size_t work_floats(int n, int m, int k, int d, int g)
 static size_t thread_layout(mita_thread *th, void *base, int n, int c, int heads, int m, int k,
                             int chunks)
 {
-    int d = c / heads, groups = expert_groups(m, n, d, heads, chunks), sb = summary_rows(m, n, d);
-    int rows = (summary_blocks(m, n, d) + groups - 1) / groups * sb; /* a group's most */
+    int d = c / heads, groups = expert_groups(m, heads, chunks), sb = summary_rows(m);
+    int rows = (summary_blocks(m) + groups - 1) / groups * sb; /* a group's most */
     uint8_t *b = (uint8_t *)base;
     size_t off = 0;
     th->order = carve(b, &off, (size_t)n * sizeof(int32_t));
@@ -488,7 +484,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     mita_ws w;
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
     float s_shared = mita_shared_scale(d, shared_scale_d);
-    int groups = expert_groups(m, n, d, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
+    int groups = expert_groups(m, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
     int items = heads * (groups + blocks), pchunks = (n + MITA_PC / 2) / MITA_PC;
     if (pchunks < 1) pchunks = 1;
 
@@ -527,7 +523,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                 mita_wait_count(&w.done[heads], gh);
                 if (j < groups) {
                     int e0, e1;
-                    expert_group_rows(&e0, &e1, j, groups, m, n, d);
+                    expert_group_rows(&e0, &e1, j, groups, m);
                     mita_experts(&w, qkv, w.land, n, ncls, c, d, h, m, k, e0, e1, rec, th.work);
                 } else {
                     mita_route(&w, qkv, w.landt, n, c, d, h, m,

@@ -246,8 +246,9 @@ static inline float exp2_sum(float *x, int n, float scale, float shift)
  * ones' units), then the shared part's sum when asked. exp2_sum's inlined
  * exp2 was worth it: libmvec's expf was a third of this. On v4 both passes
  * take 16 lanes with a masked tail (m + k = 98 is 6 vectors and 2 lanes;
- * as compiled the tail went scalar, so the loops took 256-bit vectors):
- * 1.6x faster at N = 1024. */
+ * as compiled the tail went scalar, so the loops took 256-bit vectors),
+ * and all rows' maxima come first, so that their reductions overlap: its
+ * share of the layer's samples 12.7 % -> 6.4 % (N = 1024, 1 thread). */
 #ifdef __AVX512F__
 static inline float row_max(const float *row, int mk)
 {
