@@ -115,7 +115,7 @@ void attention_full_cpu(float *out, const float *qkv, int n, int c, int heads, i
     qblocks = (n + qb - 1) / qb;
     int items = heads * qblocks;
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
-#pragma omp parallel num_threads(chunks)
+#pragma omp parallel num_threads(chunks) if (n >= MS_PAR_MIN_TOKENS)
     {
         int t = 0;
 #ifdef _OPENMP

@@ -81,6 +81,14 @@ void ms_clear_error(void);
                             #ptr, (size_t)(bytes), __FILE__, __LINE__);          \
     } while (0)
 
+/* Elements below which a memory-bound CPU loop runs on the calling thread
+ * alone (`if` clauses): a team's start costs a wake-up per thread, tens of
+ * microseconds under libgomp's passive wait in a VM, more than such a
+ * loop takes (a 1000x1000 image in 16-pixel tiles, 2 threads, passive:
+ * 28 s before the guards). MS_PAR_MIN_TOKENS: the same for attention. */
+#define MS_PAR_MIN 32768
+#define MS_PAR_MIN_TOKENS 32
+
 void *ms_malloc(size_t bytes);          /* 64-byte aligned, NULL on failure */
 void *ms_calloc(size_t n, size_t size); /* 64-byte aligned, zeroed, overflow-checked */
 void ms_free(void *p);

@@ -13,7 +13,7 @@
 void add_cpu(float *out, const float *a, const float *b, size_t n)
 {
     size_t chunks = (n + EW_CHUNK - 1) / EW_CHUNK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= MS_PAR_MIN)
     for (size_t k = 0; k < chunks; k++) {
         size_t i = k * EW_CHUNK;
         ew_add(out + i, a + i, b + i, n - i < EW_CHUNK ? n - i : EW_CHUNK);
@@ -27,7 +27,7 @@ void transpose_cpu(float *out, const float *in, int rows, int cols)
 {
     int tiles_r = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
     int tiles_c = (cols + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)rows * cols >= MS_PAR_MIN)
     for (int tr = 0; tr < tiles_r; tr++) {
         for (int tc = 0; tc < tiles_c; tc++) {
             int r1 = (tr + 1) * TRANSPOSE_TILE < rows ? (tr + 1) * TRANSPOSE_TILE : rows;
@@ -41,7 +41,7 @@ void transpose_cpu(float *out, const float *in, int rows, int cols)
 
 void softmax_rows_cpu(float *x, int rows, int cols)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)rows * cols >= MS_PAR_MIN)
     for (int i = 0; i < rows; i++) {
         float *row = x + (size_t)i * cols;
         float mx = row[argmax_first(row, cols, 1)];
@@ -52,7 +52,7 @@ void softmax_rows_cpu(float *x, int rows, int cols)
 
 void crop_cpu(float *out, const float *in, int c, int h, int w, int ho, int wo)
 {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)c * ho * wo >= MS_PAR_MIN)
     for (int ch = 0; ch < c; ch++)
         for (int y = 0; y < ho; y++)
             memcpy(out + ((size_t)ch * ho + y) * wo, in + ((size_t)ch * h + y) * w,
@@ -63,7 +63,7 @@ void argmax_cpu(uint8_t *out, const float *in, int c, int h, int w)
 {
     /* runs of pixels, the classes' planes read contiguously within each */
     long plane = (long)h * w, runs = (plane + EW_ARGMAX_PIXELS - 1) / EW_ARGMAX_PIXELS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (plane * c >= MS_PAR_MIN)
     for (long r = 0; r < runs; r++) {
         long i = r * EW_ARGMAX_PIXELS;
         ew_argmax_planes(out + i, in + i, c, plane,
@@ -74,7 +74,7 @@ void argmax_cpu(uint8_t *out, const float *in, int c, int h, int w)
 void normalize_pad_cpu(float *out, const float *in, int h, int w, int hp, int wp,
                        const float mean[3], const float stdv[3])
 {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)3 * hp * wp >= MS_PAR_MIN)
     for (int ch = 0; ch < 3; ch++) {
         for (int y = 0; y < hp; y++) {
             float *o = out + ((size_t)ch * hp + y) * wp;

@@ -494,7 +494,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     int per_head = groups + blocks, total = gh + items + heads * pchunks;
     atomic_init(w.next, 0);
     for (int h = 0; h <= heads; h++) atomic_init(&w.done[h], 0);
-#pragma omp parallel num_threads(chunks)
+#pragma omp parallel num_threads(chunks) if (n >= MS_PAR_MIN_TOKENS)
     {
         int t = 0;
 #ifdef _OPENMP

@@ -3,7 +3,7 @@
 
 void adaptive_avgpool_cpu(float *out, const float *in, int c, int h, int w, int gh, int gw)
 {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)c * h * w >= MS_PAR_MIN)
     for (int ch = 0; ch < c; ch++) {
         for (int i = 0; i < gh; i++) {
             const float *plane = in + (size_t)ch * h * w;
@@ -22,7 +22,7 @@ void adaptive_avgpool_cpu(float *out, const float *in, int c, int h, int w, int 
 void maxpool2x2_cpu(float *out, const float *in, int c, int h, int w)
 {
     int ho = h / 2, wo = w / 2;
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)c * h * w >= MS_PAR_MIN)
     for (int ch = 0; ch < c; ch++) {
         for (int y = 0; y < ho; y++) {
             const float *r0 = in + ((size_t)ch * h + 2 * y) * w;

@@ -62,7 +62,7 @@ void resize_bilinear_cpu(float *out, const float *in, int c, int h, int w, int h
     int run_rows = (rows + runs - 1) / runs;
     runs = (rows + run_rows - 1) / run_rows;
     long items = (long)c * runs;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)c * rows * wo >= MS_PAR_MIN)
     for (long it = 0; it < items; it++) {
         int ch = (int)(it / runs), r0 = (int)(it % runs) * run_rows;
         int r1 = r0 + run_rows < rows ? r0 + run_rows : rows;
@@ -77,7 +77,7 @@ void resize_bilinear_cpu(float *out, const float *in, int c, int h, int w, int h
 void resize_bicubic_cpu(float *out, const float *in, int c, int h, int w, int ho, int wo)
 {
     float rh = resize_ratio(h, ho, 0.0), rw = resize_ratio(w, wo, 0.0);
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)c * ho * wo >= MS_PAR_MIN)
     for (int ch = 0; ch < c; ch++) {
         for (int y = 0; y < ho; y++) {
             int iy[4], ix[4];
