@@ -50,7 +50,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(REPO, "tools"))
 sys.path.insert(0, HERE)
-from bench_cpu import Worker, openblas_env  # noqa: E402 (Worker: one persistent worker process)
+# Worker: one persistent worker process, asked line by line
+from bench_cpu import Worker, add_openblas_env_arg, openblas_env  # noqa: E402
 
 VENV_DIR = os.path.join(REPO, "build-bench-torch-venv")
 MODELS = {"ti": (192, 3), "s": (384, 6)}
@@ -138,8 +139,7 @@ def main():
                     help="skip Debian's PyTorch 1.13 (slow at large N: (N, N) scores)")
     ap.add_argument("--torch-python", action="append", help="more pythons with torch")
     ap.add_argument("--json")
-    ap.add_argument("--openblas-env", choices=["native", "keep"], default="native",
-                    help="as bench_cpu.py's (native: unset OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE)")
+    add_openblas_env_arg(ap)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--c", type=int, default=192, help=argparse.SUPPRESS)
     ap.add_argument("--heads", type=int, default=3, help=argparse.SUPPRESS)

@@ -73,6 +73,13 @@ OMP_WAIT = {"spin": ("GOMP_SPINCOUNT", "10000"), "passive": ("OMP_WAIT_POLICY", 
 OPENBLAS_VARS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
+def add_openblas_env_arg(ap):
+    """--openblas-env, the same in every CPU benchmark script."""
+    ap.add_argument("--openblas-env", choices=["native", "keep"], default="native",
+                    help="native: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for every worker "
+                    "(default); keep: leave them")
+
+
 def openblas_env(mode):
     """Applies --openblas-env to os.environ (before any worker starts or
     OpenBLAS loads here); returns a line for the report."""
@@ -416,9 +423,7 @@ def main():
     ap.add_argument("--omp-wait", choices=sorted(OMP_WAIT), default="spin",
                     help="libgomp wait policy of the mitaseg and PyTorch workers (default: spin, "
                     "GOMP_SPINCOUNT=10000, what mitaseg picks on an idle machine)")
-    ap.add_argument("--openblas-env", choices=["native", "keep"], default="native",
-                    help="native: unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for every worker "
-                    "(default); keep: leave them")
+    add_openblas_env_arg(ap)
     ap.add_argument("--attention", default="mita,full")
     ap.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out")
     ap.add_argument("--torch-python", action="append", default=None,

@@ -27,7 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_cpu import openblas_env  # noqa: E402
+from bench_cpu import add_openblas_env_arg, openblas_env  # noqa: E402
 
 
 def flops_mita(n, heads, d=64, m=49, k=49):
@@ -47,8 +47,7 @@ def main():
     ap.add_argument("--heads", default="3,6")
     ap.add_argument("--full-max", type=int, default=1 << 30,
                     help="skip both full attentions above this N")
-    ap.add_argument("--openblas-env", choices=["native", "keep"], default="native",
-                    help="as bench_cpu.py's (native: unset OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE)")
+    add_openblas_env_arg(ap)
     a = ap.parse_args()
     print(openblas_env(a.openblas_env), file=sys.stderr)   # before torch loads OpenBLAS
     try:

@@ -285,13 +285,12 @@ static void joint_softmax_row(float *row, float *inv, int mk, float scale)
     *inv = _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) ? NAN : 1.0f / _mm512_reduce_add_ps(sum);
 }
 #else
-SIMD_256_FN
+static inline float row_max(const float *row, int mk) { return MS_SIMD_FN(mita_max)(row, mk); }
+
+/* *inv: the row's shift (max times scale) on entry */
 static void joint_softmax_row(float *row, float *inv, int mk, float scale)
 {
-    float mx = row[0];
-#pragma omp simd reduction(max : mx)
-    for (int i = 1; i < mk; i++) mx = row[i] > mx ? row[i] : mx;
-    *inv = 1.0f / exp2_sum(row, mk, scale, mx * scale); /* NaN stays NaN */
+    *inv = 1.0f / exp2_sum(row, mk, scale, *inv); /* NaN stays NaN */
 }
 #endif
 
@@ -299,10 +298,8 @@ void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int nb, 
                                     float scale)
 {
     int mk = m + k;
-#ifdef __AVX512F__
     /* all rows' maxima first: their reductions overlap */
     for (int r = 0; r < nb; r++) inv[r] = row_max(lg + (size_t)r * mk, mk) * scale;
-#endif
     for (int r = 0; r < nb; r++) {
         float *row = lg + (size_t)r * mk;
         joint_softmax_row(row, &inv[r], mk, scale);
