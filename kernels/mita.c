@@ -61,6 +61,18 @@ static int summary_slice(int m, int d)
     return t >= MITA_SKB ? MITA_SKB : t < 8 ? 8 : (int)t;
 }
 
+/* Tokens per probe slice: a multiple of 16, at most 256, with slice x m x
+ * d under OpenBLAS's small-matrix limit (as summary_slice; from m and d
+ * only). Each slice of K is transposed into (d, slice) so that the probe
+ * L K^T is an NN GEMM: OpenBLAS 0.3.21 runs NT products on its general
+ * path, which packs K (1 thread, 3 heads: N = 1024 13 % of the layer's
+ * samples, 16384 17 %). */
+static int probe_slice(int m, int d)
+{
+    long t = 786432L / ((long)m * d) / 16 * 16;
+    return t > 256 ? 256 : t < 16 ? 16 : (int)t;
+}
+
 /* Phase 2 items: about this many expert-sorted queries of one head (an
  * expert cut by a chunk's end is gathered once more). */
 #define MITA_PC 192
@@ -146,12 +158,14 @@ static void expert_group_rows(int *e0, int *e1, int j, int groups, int m)
 }
 
 /* Per-thread work buffer: phase 1, a group's probe rows (g, n), their
- * sums and one row's top-k scratch; phase 2, the expert's keys (d, k), the
+ * sums, one row's top-k scratch, a transposed slice of K (d, slice) and
+ * the slice's positions; phase 2, the expert's keys (d, k), the
  * summaries and its values (m + k, d), a query block (QB, d), its logits
  * (QB, m + k), outputs (QB, d), shared masses and 1 / sums (QB). */
 static size_t work_floats(int n, int m, int k, int d, int g)
 {
-    size_t probe = (size_t)g * (n + 1) + mita_topk_floats(n, k);
+    size_t probe = (size_t)g * (n + 1) + mita_topk_floats(n, k) +
+                   (size_t)probe_slice(m, d) * (d + 1);
     size_t routed =
         ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k + 2);
     return probe > routed ? probe : routed;
@@ -282,8 +296,8 @@ static uint32_t topk_guess(int n, int k, float sum, float sumsq)
  * of those = t; then they are sorted by (key, position). A strided
  * sample's threshold that kept only about 4k candidates (the search
  * before) was slower at every N from 690 to 16384. */
-void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
-                   float *buf /* (mita_topk_floats(n, k)) */)
+float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+                    float *buf /* (mita_topk_floats(n, k)) */)
 {
     uint32_t *key = (uint32_t *)buf;               /* (n) */
     uint32_t *wkey = key + n;                      /* (n + 16) keys >= the k-th, then winners' */
@@ -311,6 +325,7 @@ void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, 
         qsort(u64, (size_t)k, sizeof *u64, u64_desc);
         for (int j = 0; j < k; j++) idx[j] = topk_composite_pos(u64[j]);
     }
+    return topk_key_value(kmax);
 }
 
 /* Row gy of L = adaptive average pool of q (all c channels) to (gh, gw);
@@ -329,10 +344,9 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, float *landt /* (c, gh*
         for (int y = y0; y < y1; y++)
             mita_add_rows(l, qkv + ((size_t)y * wp + x0) * ld, ld, x1 - x0, c);
         float cnt = (float)((y1 - y0) * (x1 - x0));
-        for (int ch = 0; ch < c; ch++) {
-            l[ch] /= cnt;
-            landt[(size_t)ch * gh * gw + mi] = l[ch];
-        }
+#pragma omp simd /* -O2: GCC 12 vectorises only with the pragma; apart from the strided copy */
+        for (int ch = 0; ch < c; ch++) l[ch] /= cnt;
+        for (int ch = 0; ch < c; ch++) landt[(size_t)ch * gh * gw + mi] = l[ch];
     }
 }
 
@@ -350,18 +364,24 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
     float *p = work;                              /* (g, n) probe rows, then exp */
     float *sum = p + (size_t)g * n;               /* (g) their sums */
     float *tk = sum + g;                          /* top-k scratch */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, n, d, 1.0f,
-                land + (size_t)e0 * c + (size_t)h * d, c, qkv + c + (size_t)h * d, (int)ld, 0.0f,
-                p, n);
+    int ps = probe_slice(m, d);
+    float *kt = tk + mita_topk_floats(n, k);      /* (d, ps) a slice of K^T */
+    int32_t *at = (int32_t *)(kt + (size_t)ps * d); /* (ps) 0, 1, ... */
+    for (int i = 0; i < ps; i++) at[i] = i;
+    for (int t0 = 0; t0 < n; t0 += ps) {
+        int nt = n - t0 < ps ? n - t0 : ps;
+        mita_gather_rows_t(kt, ps, qkv + (size_t)t0 * ld + c + (size_t)h * d, ld, at, nt, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, nt, d, 1.0f,
+                    land + (size_t)e0 * c + (size_t)h * d, c, kt, ps, 0.0f, p + t0, n);
+    }
     for (int e = e0; e < e1; e++) {
         float *row = p + (size_t)(e - e0) * n;
         int32_t *idx = w->idx + ((size_t)h * m + e) * k;
-        mita_topk_row(idx, row, n, k, tk);
+        float mx = mita_topk_row(idx, row, n, k, tk) * s2; /* base 2: exp(P s - max) */
         if (rec && rec->topk_idx) {
             int32_t *dst = rec->topk_idx + ((size_t)h * m + e) * k;
             for (int j = 0; j < k; j++) dst[j] = mita_report_pos(idx[j], ncls, n);
         }
-        float mx = mita_max(row, n) * s2; /* base 2: exp(P s - max) up to rounding */
         sum[e - e0] = mita_exp2_sum(row, n, s2, mx);
     }
     float *sv = w->sv + ((size_t)h * m + e0) * d;
@@ -371,8 +391,11 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
                     1.0f, p + t0, n,
                     qkv + (size_t)t0 * ld + 2 * (size_t)c + (size_t)h * d, (int)ld,
                     t0 ? 1.0f : 0.0f, sv, d);
-    for (int e = 0; e < g; e++)
-        for (int j = 0; j < d; j++) sv[(size_t)e * d + j] /= sum[e];
+    for (int e = 0; e < g; e++) {
+        float se = sum[e];
+#pragma omp simd /* scalar divisions were 1 % of the layer's samples (N = 1024) */
+        for (int j = 0; j < d; j++) sv[(size_t)e * d + j] /= se;
+    }
 }
 
 /* Routing logits R = Q L^T of queries [q0, q1) of head h and their routes
@@ -485,13 +508,13 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     mita_layout(&w, ws, n, c, heads, m, k, chunks);
     float s_shared = mita_shared_scale(d, shared_scale_d);
     int groups = expert_groups(m, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
-    int items = heads * (groups + blocks), pchunks = (n + MITA_PC / 2) / MITA_PC;
+    int pchunks = (n + MITA_PC / 2) / MITA_PC;
     if (pchunks < 1) pchunks = 1;
+    int per_head = groups + blocks, total = gh + heads * (per_head + pchunks) + pchunks;
 
     /* Each thread runs single-threaded GEMMs on its items (see
      * attention_full.c for why). */
     gemm_init_threads(); /* single-threaded BLAS inside the parallel region */
-    int per_head = groups + blocks, total = gh + items + heads * pchunks;
     atomic_init(w.next, 0);
     for (int h = 0; h <= heads; h++) atomic_init(&w.done[h], 0);
 #pragma omp parallel num_threads(chunks) if (n >= MS_PAR_MIN_TOKENS)
@@ -503,23 +526,39 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
         mita_thread th = thread_share(&w, t, n, c, heads, m, k, chunks);
         int sorted = -1; /* the head whose order th holds */
         /* One list of items, taken in order: the landmarks by grid row;
-         * phase 1, head by head (its expert groups, then its routing
-         * blocks); phase 2, each head's expert-sorted queries in fixed
-         * chunks. An item waits only for the items it reads: phase 1 for
-         * the landmarks, phase 2 for its head's phase 1. Items are taken
-         * in order, so the wait is for items in progress on other threads
-         * (at the barrier there was between the phases, threads waited
-         * for 7-8 % of the layer's samples at N = 1024; each thread
-         * pooling every landmark itself, 7 % at N = 16384). */
+         * then head by head, phase 1 of head h (its expert groups, then
+         * its routing blocks) followed by phase 2 of head h - 1 (its
+         * expert-sorted queries in fixed chunks). An item waits only for
+         * the items it reads: phase 1 for the landmarks, phase 2 for its
+         * head's phase 1, which the lag of one head has mostly finished.
+         * Items are taken in order, so the wait is for items in progress
+         * on other threads (at the barrier there was between the phases,
+         * threads waited for 7-8 % of the layer's samples at N = 1024;
+         * each thread pooling every landmark itself, 7 % at N = 16384).
+         * A head's phase 2 right after its phase 1, not after every
+         * head's, finds its q, k, v and routing logits in the caches
+         * (6 heads, N = 4096: 30 MB of them in all). The last head's
+         * queries go in twice as many chunks: the region ends with its
+         * last item, and smaller ones leave the other threads less idle
+         * time at the end. */
         for (int it; (it = atomic_fetch_add_explicit(w.next, 1, memory_order_relaxed)) < total;) {
             if (it < gh) {
                 mita_landmarks(w.land, w.landt, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw, it);
                 atomic_fetch_add_explicit(&w.done[heads], 1, memory_order_release);
                 continue;
             }
-            int i = it - gh;
-            if (i < items) {
-                int h = i / per_head, j = i % per_head;
+            /* phase 1 of head 0, then per head h >= 1 phase 1 of h and
+             * phase 2 of h - 1, then phase 2 of the last head */
+            int i = it - gh, tail = per_head + (heads - 1) * (per_head + pchunks);
+            int h = 0, j = i, b = heads - 1; /* phase 1 of h (item j), or phase 2 of b */
+            if (i >= tail) {
+                h = heads, j = i - tail;
+            } else if (i >= per_head) {
+                b = (i - per_head) / (per_head + pchunks);
+                j = (i - per_head) % (per_head + pchunks);
+                h = b + 1;
+            }
+            if (h < heads && j < per_head) {
                 mita_wait_count(&w.done[heads], gh);
                 if (j < groups) {
                     int e0, e1;
@@ -533,8 +572,10 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                 atomic_fetch_add_explicit(&w.done[h], 1, memory_order_release);
                 continue;
             }
-            int h = (i - items) / pchunks, pc = (i - items) % pchunks;
-            int q0 = (int)((long)n * pc / pchunks), q1 = (int)((long)n * (pc + 1) / pchunks);
+            /* phase 2 of head b: chunk pc of nc */
+            int pc = h < heads ? j - per_head : j, nc = h < heads ? pchunks : 2 * pchunks;
+            h = b;
+            int q0 = (int)((long)n * pc / nc), q1 = (int)((long)n * (pc + 1) / nc);
             mita_wait_count(&w.done[h], per_head);
             if (h != sorted) mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
             sorted = h;

@@ -40,9 +40,11 @@ size_t mita_scratch_bytes(int hp, int wp, int ncls, int c, int heads, int gh, in
 /* idx = the k best positions of score[0..n) (1 <= k <= n), best first:
  * higher score first, ties to the lower position, NaNs ordered by their
  * bits (topk_key, mita_cuda_math.h). buf: mita_topk_floats(n, k) floats.
- * What mita_cpu runs per expert; exposed for the tests. */
+ * Returns the largest score (by key: a NaN where the largest key is a
+ * NaN's; -0 comes back as +0). What mita_cpu runs per expert; exposed for
+ * the tests. */
 size_t mita_topk_floats(int n, int k);
-void mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
+float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
                    float *buf /* (mita_topk_floats(n, k)) */);
 
 /* Sizes already clamped (mita_clamp). n = ncls + hp*wp tokens, the class

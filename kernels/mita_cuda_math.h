@@ -56,6 +56,12 @@ MS_HD uint32_t topk_key(float x)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* The float whose topk_key is key (+0 for the key of -0). */
+MS_HD float topk_key_value(uint32_t key)
+{
+    return ms_bits_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
 /* (key, position) as one 64-bit value: descending order of it is descending
  * score, ties to the lower position (topk_before). 0 sorts after all real
  * entries (a real key is never 0 except for a negative NaN). */

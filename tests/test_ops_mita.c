@@ -448,7 +448,7 @@ START_TEST(test_mita_topk_rows_paths)
     /* mita_topk_row against sorting every (topk_key, position) composite:
      * the exact order (higher first, ties to the lower position, NaNs by
      * their bits), on every CPU path; rows up to 4100, k from 1 to n, past
-     * 128 (a sort, not the ranking). */
+     * 128 (a sort, not the ranking); and the row's largest score. */
     const int ns[] = {1, 2, 7, 49, 50, 97, 690, 1024, 2049, 3001, 4100};
     const int ks[] = {1, 2, 7, 48, 49, 128, 129, 400};
     ms_cpu_path start = cpu_path_get();
@@ -469,7 +469,10 @@ START_TEST(test_mita_topk_rows_paths)
                     int k = b < sizeof ks / sizeof ks[0] ? ks[b] : n; /* last: k = n */
                     if (k > n) continue;
                     float *buf = falloc(mita_topk_floats(n, k));
-                    mita_topk_row(idx, x, n, k, buf);
+                    float mx = mita_topk_row(idx, x, n, k, buf);
+                    /* the row's largest score, by key (its bits for a NaN) */
+                    ck_assert_msg(topk_key(mx) == (uint32_t)(ref[0] >> 32),
+                                  "path %d n %d k %d kind %d: max %g", pi, n, k, kind, mx);
                     for (int j = 0; j < k; j++)
                         ck_assert_msg(idx[j] == topk_composite_pos(ref[j]),
                                       "path %d n %d k %d kind %d: idx[%d] = %d, want %d", pi, n,
