@@ -41,6 +41,19 @@ static const char doctor_help[] =
     "  --selftest-golden FILE  its expected output (default: assets/selftest/tiny.golden.safetensors)\n"
     "  -h, --help              this help\n";
 
+/* Threads of this process (/proc/self/status), 1 where unknown. */
+static int doctor_threads(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    int n = 1;
+    if (!f) return n;
+    char line[256];
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Threads: %d", &n) == 1) break;
+    fclose(f);
+    return n;
+}
+
 static void print_cpu(void)
 {
     char model[256] = "unknown";
@@ -95,6 +108,11 @@ static void print_cpu(void)
     const char *core = getenv("OPENBLAS_CORETYPE");
     if (core && *core) printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
     printf("\n");
+    /* OpenBLAS's own pool: app/omp_env/omp_env.c asks for none. No parallel
+     * region has run yet, so the process's other threads are the pool's. */
+    const char *nt = getenv("OPENBLAS_NUM_THREADS");
+    printf("openblas pool: %d thread(s) besides the main one (OPENBLAS_NUM_THREADS=%s)\n",
+           doctor_threads() - 1, nt ? nt : "unset");
     /* what libgomp read at start (app/omp_env/omp_env.c chose it unless the
      * user did) */
     const char *policy = getenv("OMP_WAIT_POLICY"), *spin = getenv("GOMP_SPINCOUNT");

@@ -307,12 +307,22 @@ float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n,
     uint32_t kmin, kmax;
     float sum, sumsq;
     mita_keys(key, score, n, &kmin, &kmax, &sum, &sumsq);
-    int above, ties = k;
-    uint32_t t = kth_key(&above, key, n, k, kmin, kmax, topk_guess(n, k, sum, sumsq));
+    /* Candidates: the keys >= a guess at the (2k + 32)-th largest (the
+     * normal law's, as the search's first probe), in one pass; the search
+     * then counts among them only. Where fewer than k get in (the guess
+     * was too high), it counts over the whole row. */
+    const uint32_t *ck = key;
+    int cn = n, ns = -1, above, ties = k, w = 0;
+    uint32_t cmin = kmin, lo = topk_guess(n, 2 * k + 32, sum, sumsq);
+    if (lo > kmin) {
+        ns = mita_collect_at_least_u32(wkey, wpos, key, n, lo);
+        if (ns >= k) ck = wkey, cn = ns, cmin = lo;
+    }
+    uint32_t t = kth_key(&above, ck, cn, k, cmin, kmax, topk_guess(n, k, sum, sumsq));
     if (above >= 0) ties = k - above; /* keys = t that still get in */
-    int ns = mita_collect_at_least_u32(wkey, wpos, key, n, t), w = 0;
+    if (ck == key) ns = mita_collect_at_least_u32(wkey, wpos, key, n, t);
     for (int i = 0; i < ns && w < k; i++)
-        if (wkey[i] > t || ties-- > 0) { /* ascending position: the first ties win */
+        if (wkey[i] > t || (wkey[i] == t && ties-- > 0)) { /* ascending position: the first ties win */
             wkey[w] = wkey[i];
             wpos[w++] = wpos[i];
         }

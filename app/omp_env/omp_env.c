@@ -1,9 +1,17 @@
-/* libgomp's wait policy, chosen before libgomp reads it. libgomp reads it
- * once, in its own constructor, before main runs (and libc resets the
- * environment after the executable's .preinit_array, so that is too early).
- * This one-function shared object is linked right after libgomp: the loader
+/* libgomp's wait policy and OpenBLAS's thread count, chosen before those
+ * libraries read them. Each reads its variables once, in its own
+ * constructor, before main runs (and libc resets the environment after the
+ * executable's .preinit_array, so that is too early). This one-function
+ * shared object is linked right after libgomp and libopenblas: the loader
  * runs the constructors of independent libraries in reverse order of the
- * executable's NEEDED list, so this runs after libc's and before libgomp's.
+ * executable's NEEDED list, so this runs after libc's and before theirs.
+ *
+ * OpenBLAS: mitaseg calls it single-threaded inside its own OpenMP threads
+ * (kernels/gemm.c), so OpenBLAS's own pool only costs: started at load, its
+ * threads spin in sched_yield for about 0.1 s, on the cores the first
+ * image needs (one CamVid image on the 2-core machine, `segment --threads
+ * 2`, 8 runs: 195-230 ms with the pool, 161-199 ms without). So
+ * OPENBLAS_NUM_THREADS=1 unless the user set it: no pool.
  *
  * Why it matters: libgomp's default (spin for a long while, then sleep)
  * steals the cores the next parallel loop needs on a busy machine (8
@@ -35,6 +43,7 @@ static int omp_env_others_running(void)
 
 __attribute__((constructor)) static void omp_env_set_wait_policy(void)
 {
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
     const char *want = getenv("MS_OMP_WAIT");
     int spin;
