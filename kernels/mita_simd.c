@@ -90,6 +90,30 @@ int MS_SIMD_FN(mita_collect_at_least_u32)(uint32_t *val, int32_t *pos, const uin
     return nc;
 }
 
+int MS_SIMD_FN(mita_compact_at_least_u32)(uint32_t *key, int32_t *pos, int n, uint32_t t)
+{
+    int nc = 0, i = 0;
+#ifdef __AVX512F__
+    /* as mita_collect_at_least_u32; the 16-lane stores at nc <= i cover
+     * only lanes already loaded */
+    const __m512i tv = _mm512_set1_epi32((int)t);
+    for (; i + 16 <= n; i += 16) {
+        __m512i kv = _mm512_loadu_si512(key + i), pv = _mm512_loadu_si512(pos + i);
+        __mmask16 hit = _mm512_cmpge_epu32_mask(kv, tv);
+        _mm512_storeu_si512(key + nc, _mm512_maskz_compress_epi32(hit, kv));
+        _mm512_storeu_si512(pos + nc, _mm512_maskz_compress_epi32(hit, pv));
+        nc += __builtin_popcount(hit);
+    }
+#endif
+    for (; i < n; i++) { /* branch-free: in place, nc <= i */
+        uint32_t kv = key[i];
+        int32_t pv = pos[i];
+        key[nc] = kv, pos[nc] = pv;
+        nc += kv >= t;
+    }
+    return nc;
+}
+
 int MS_SIMD_FN(mita_count_at_least_u32)(const uint32_t *key, int n, uint32_t t)
 {
     int cnt = 0;

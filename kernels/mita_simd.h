@@ -32,6 +32,10 @@ MS_SIMD_DECLARE(void, mita_keys, (uint32_t *key /* (n) */, const float *x /* (n)
 MS_SIMD_DECLARE(int, mita_collect_at_least_u32,
                 (uint32_t *val /* (n) */, int32_t *pos /* (n) */, const uint32_t *key /* (n) */,
                  int n, uint32_t t));
+/* Keeps the (key[i], pos[i]) with key[i] >= t, in order, in place;
+ * returns how many. */
+MS_SIMD_DECLARE(int, mita_compact_at_least_u32,
+                (uint32_t *key /* (n) */, int32_t *pos /* (n) */, int n, uint32_t t));
 /* How many key[i] >= t. */
 MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, int n, uint32_t t));
 /* route[r] = argmax_first(x + r m, m, 1): the first maximum of each row. */
@@ -85,6 +89,10 @@ static inline int mita_collect_at_least_u32(uint32_t *val, int32_t *pos, const u
                                             int n, uint32_t t)
 {
     return MS_SIMD_CALL(mita_collect_at_least_u32, val, pos, key, n, t);
+}
+static inline int mita_compact_at_least_u32(uint32_t *key, int32_t *pos, int n, uint32_t t)
+{
+    return MS_SIMD_CALL(mita_compact_at_least_u32, key, pos, n, t);
 }
 static inline int mita_count_at_least_u32(const uint32_t *key, int n, uint32_t t)
 {

@@ -532,6 +532,15 @@ START_TEST(test_mita_fast_helpers_paths)
                         ck_assert_int_eq(pos[w], i);
                         ck_assert_uint_eq(kv[w++], key[i]);
                     }
+                /* the same, in place over (key, position) pairs */
+                for (int i = 0; i < n; i++) kv[i] = key[i], pos[i] = 5000 - i;
+                ck_assert_int_eq(mita_compact_at_least_u32(kv, pos, n, t), cnt);
+                w = 0;
+                for (int i = 0; i < n; i++)
+                    if (key[i] >= t) {
+                        ck_assert_int_eq(pos[w], 5000 - i);
+                        ck_assert_uint_eq(kv[w++], key[i]);
+                    }
             }
             /* ranking: descending key, ties to the lower entry */
             int np = (n + 7) & ~7;
