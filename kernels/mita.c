@@ -74,7 +74,13 @@ static int probe_slice(int m, int d)
 }
 
 /* Phase 2 items: about this many expert-sorted queries of one head (an
- * expert cut by a chunk's end is gathered once more). */
+ * expert cut by a chunk's end is gathered once more). The chunks decide
+ * the routed GEMMs' row counts, and OpenBLAS 0.3.21's small-matrix kernel
+ * rounds the last of 49 columns differently in a call's last rows when
+ * the rows are no multiple of 4: other chunks give other bits (at float
+ * rounding; a near-tie route in a later layer can then flip, as finer
+ * chunks for the last head did on bench_cpu's DeiT-Tiny model). From n
+ * only, so the same whatever the thread count. */
 #define MITA_PC 192
 
 /* The joint softmax runs in base 2: its scales take log2(e). */
@@ -524,7 +530,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
     int groups = expert_groups(m, heads, chunks), blocks = (n + MITA_RB - 1) / MITA_RB;
     int pchunks = (n + MITA_PC / 2) / MITA_PC;
     if (pchunks < 1) pchunks = 1;
-    int per_head = groups + blocks, total = gh + heads * (per_head + pchunks) + pchunks;
+    int per_head = groups + blocks, total = gh + heads * (per_head + pchunks);
 
     /* Each thread runs single-threaded GEMMs on its items (see
      * attention_full.c for why). */
@@ -551,10 +557,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
          * each thread pooling every landmark itself, 7 % at N = 16384).
          * A head's phase 2 right after its phase 1, not after every
          * head's, finds its q, k, v and routing logits in the caches
-         * (6 heads, N = 4096: 30 MB of them in all). The last head's
-         * queries go in twice as many chunks: the region ends with its
-         * last item, and smaller ones leave the other threads less idle
-         * time at the end. */
+         * (6 heads, N = 4096: 30 MB of them in all). */
         for (int it; (it = atomic_fetch_add_explicit(w.next, 1, memory_order_relaxed)) < total;) {
             if (it < gh) {
                 mita_landmarks(w.land, w.landt, qkv + (size_t)ncls * ld, hp, wp, c, gh, gw, it);
@@ -586,10 +589,10 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                 atomic_fetch_add_explicit(&w.done[h], 1, memory_order_release);
                 continue;
             }
-            /* phase 2 of head b: chunk pc of nc */
-            int pc = h < heads ? j - per_head : j, nc = h < heads ? pchunks : 2 * pchunks;
+            /* phase 2 of head b: chunk pc */
+            int pc = h < heads ? j - per_head : j;
             h = b;
-            int q0 = (int)((long)n * pc / nc), q1 = (int)((long)n * (pc + 1) / nc);
+            int q0 = (int)((long)n * pc / pchunks), q1 = (int)((long)n * (pc + 1) / pchunks);
             mita_wait_count(&w.done[h], per_head);
             if (h != sorted) mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
             sorted = h;
