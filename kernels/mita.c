@@ -299,9 +299,11 @@ static uint32_t topk_guess(int n, int k, float sum, float sumsq)
  * 1 <= k <= n. Keys: topk_key, whose order is the scores' (NaNs ordered by
  * their bits, -0 = +0). The k-th largest key t (kth_key) splits the row:
  * the winners are the keys > t and, ties to the lower position, the first
- * of those = t; then they are sorted by (key, position). A strided
- * sample's threshold that kept only about 4k candidates (the search
- * before) was slower at every N from 690 to 16384. */
+ * of those = t; then they are sorted by (key, position). The search
+ * counts over candidates above a guess from the row's mean and deviation
+ * (no sample to sort: a strided sample's threshold that kept about 4k
+ * candidates, tried before, was slower at every N from 690 to 16384).
+ * Returns the row's largest score, for the exp that follows. */
 float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
                     float *buf /* (mita_topk_floats(n, k)) */)
 {
