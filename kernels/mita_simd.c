@@ -225,15 +225,18 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
             for (int v = 0; v < nv; v++)
                 rk[v] = _mm512_mask_add_epi32(rk[v], _mm512_cmpgt_epu32_mask(ki, kv[v]), rk[v], one);
         }
+        /* No ties iff the n ranks sum to n (n - 1) / 2: each count of
+         * the keys above is at most the entry's place in the order, and
+         * below it for the later of two equal keys. */
         int32_t r[128];
-        uint8_t used[128] = {0};
-        bool tie = false;
-        for (int v = 0; v < nv; v++) _mm512_storeu_si512(r + 16 * v, rk[v]);
-        for (int j = 0; j < n; j++) {
-            tie |= used[r[j]];
-            used[r[j]] = 1;
+        long rsum = 0;
+        for (int v = 0; v < nv; v++) {
+            int left = n - 16 * v;
+            __mmask16 real = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 0 ? left : 0)) - 1u);
+            rsum += _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(real, rk[v]));
+            _mm512_storeu_si512(r + 16 * v, rk[v]);
         }
-        if (!tie) {
+        if (rsum == (long)n * (n - 1) / 2) {
             for (int j = 0; j < n; j++) idx[r[j]] = pos[j];
             return;
         }
