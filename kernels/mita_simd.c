@@ -231,8 +231,9 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
         int32_t r[128];
         long rsum = 0;
         for (int v = 0; v < nv; v++) {
-            int left = n - 16 * v;
-            __mmask16 real = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 0 ? left : 0)) - 1u);
+            int left = n - 16 * v; /* real lanes of vector v */
+            __mmask16 real =
+                left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 0 ? left : 0)) - 1u);
             rsum += _mm512_reduce_add_epi32(_mm512_maskz_mov_epi32(real, rk[v]));
             _mm512_storeu_si512(r + 16 * v, rk[v]);
         }
