@@ -328,12 +328,14 @@ float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n,
     }
     uint32_t t = kth_key(&above, ck, cn, k, cmin, kmax, topk_guess(n, k, sum, sumsq));
     if (above >= 0) ties = k - above; /* keys = t that still get in */
+    /* the keys >= t, in position order: from the row, or the candidates' */
     if (ck == key) ns = mita_collect_at_least_u32(wkey, wpos, key, n, t);
-    if (above < 0) { /* exactly k keys >= t: all of them (the common case) */
-        w = mita_compact_at_least_u32(wkey, wpos, ns, t);
+    else ns = mita_compact_at_least_u32(wkey, wpos, ns, t);
+    if (above < 0) { /* exactly k of them (the common case): all */
+        w = ns;
     } else {
         for (int i = 0; i < ns && w < k; i++)
-            if (wkey[i] > t || (wkey[i] == t && ties-- > 0)) { /* the first ties win */
+            if (wkey[i] > t || ties-- > 0) { /* ascending position: the first ties win */
                 wkey[w] = wkey[i];
                 wpos[w++] = wpos[i];
             }
