@@ -524,6 +524,26 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
     }
 }
 
+/* Item i of the list after the landmarks: phase 1 of head 0, then for each
+ * head h >= 1 phase 1 of h followed by phase 2 of h - 1, then phase 2 of
+ * the last head. Returns the phase; *h its head, *j the item within that
+ * head's phase (a phase 1 item, or a phase 2 chunk). */
+static int mita_item_phase(int *h, int *j, int i, int heads, int per_head, int pchunks)
+{
+    if (i < per_head) {
+        *h = 0, *j = i;
+        return 1;
+    }
+    i -= per_head;
+    int s = i / (per_head + pchunks), r = i % (per_head + pchunks); /* block s: head s + 1's */
+    if (s + 1 < heads && r < per_head) {
+        *h = s + 1, *j = r;
+        return 1;
+    }
+    *h = s, *j = s + 1 < heads ? r - per_head : r; /* the last block holds phase 2 only */
+    return 2;
+}
+
 void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int heads, int gh,
               int gw, int k, bool shared_scale_d, const ms_mita_record *rec, void *ws, int chunks)
 {
@@ -568,18 +588,8 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                 atomic_fetch_add_explicit(&w.done[heads], 1, memory_order_release);
                 continue;
             }
-            /* phase 1 of head 0, then per head h >= 1 phase 1 of h and
-             * phase 2 of h - 1, then phase 2 of the last head */
-            int i = it - gh, tail = per_head + (heads - 1) * (per_head + pchunks);
-            int h = 0, j = i, b = heads - 1; /* phase 1 of h (item j), or phase 2 of b */
-            if (i >= tail) {
-                h = heads, j = i - tail;
-            } else if (i >= per_head) {
-                b = (i - per_head) / (per_head + pchunks);
-                j = (i - per_head) % (per_head + pchunks);
-                h = b + 1;
-            }
-            if (h < heads && j < per_head) {
+            int h, j;
+            if (mita_item_phase(&h, &j, it - gh, heads, per_head, pchunks) == 1) {
                 mita_wait_count(&w.done[heads], gh);
                 if (j < groups) {
                     int e0, e1;
@@ -593,10 +603,7 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                 atomic_fetch_add_explicit(&w.done[h], 1, memory_order_release);
                 continue;
             }
-            /* phase 2 of head b: chunk pc */
-            int pc = h < heads ? j - per_head : j;
-            h = b;
-            int q0 = (int)((long)n * pc / pchunks), q1 = (int)((long)n * (pc + 1) / pchunks);
+            int q0 = (int)((long)n * j / pchunks), q1 = (int)((long)n * (j + 1) / pchunks);
             mita_wait_count(&w.done[h], per_head);
             if (h != sorted) mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
             sorted = h;
