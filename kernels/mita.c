@@ -52,24 +52,27 @@
 #define MITA_SB 12
 #define MITA_SKB 64
 
-/* Tokens per summary slice: MITA_SKB, fewer where m x d is so large that
- * a slice of all m rows would leave the small-matrix kernel (its limit is
- * 10^6 multiply-adds); from m and d only, not the group's rows. */
+/* Tokens a slice of all m rows may span and stay on OpenBLAS's
+ * small-matrix kernel (its limit is 10^6 multiply-adds, with a margin);
+ * from m and d only, not a group's rows, so slices do not depend on the
+ * thread count. */
+static long small_kernel_tokens(int m, int d) { return 786432L / ((long)m * d); }
+
+/* Tokens per summary slice: MITA_SKB, fewer where m x d is large. */
 static int summary_slice(int m, int d)
 {
-    long t = 786432L / ((long)m * d);
+    long t = small_kernel_tokens(m, d);
     return t >= MITA_SKB ? MITA_SKB : t < 8 ? 8 : (int)t;
 }
 
-/* Tokens per probe slice: a multiple of 16, at most 256, with slice x m x
- * d under OpenBLAS's small-matrix limit (as summary_slice; from m and d
- * only). Each slice of K is transposed into (d, slice) so that the probe
+/* Tokens per probe slice: a multiple of 16, at most 256, within
+ * small_kernel_tokens. Each slice of K is transposed into (d, slice) so that the probe
  * L K^T is an NN GEMM: OpenBLAS 0.3.21 runs NT products on its general
  * path, which packs K (1 thread, 3 heads: N = 1024 13 % of the layer's
  * samples, 16384 17 %). */
 static int probe_slice(int m, int d)
 {
-    long t = 786432L / ((long)m * d) / 16 * 16;
+    long t = small_kernel_tokens(m, d) / 16 * 16;
     return t > 256 ? 256 : t < 16 ? 16 : (int)t;
 }
 
