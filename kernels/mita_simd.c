@@ -17,16 +17,18 @@ float MS_SIMD_FN(mita_max)(const float *x, int n)
     return m;
 }
 
-/* acc[i] += x[r ld + i] for r = 0, 1, ... in that order. On v3 and v4 a
- * block of 4 vectors of acc stays in registers over all rows (the row by
- * row loop loaded and stored acc once a row: the landmarks' pooling was 5 %
- * of the layer's samples at N = 4096, 6 heads). */
-/* the path's vector, at a float's alignment (a typedef may lower it) */
+/* The path's vector at a float's alignment (a typedef may lower it); GCC
+ * gives vectors their elements' alias set. */
 #if defined(__AVX512F__)
 typedef float add_vec __attribute__((vector_size(64), aligned(4)));
 #elif defined(__AVX2__)
 typedef float add_vec __attribute__((vector_size(32), aligned(4)));
 #endif
+
+/* acc[i] += x[r ld + i] for r = 0, 1, ... in that order. On v3 and v4 a
+ * block of 4 vectors of acc stays in registers over all rows (the row by
+ * row loop loaded and stored acc once a row: the landmarks' pooling was 5 %
+ * of the layer's samples at N = 4096, 6 heads). */
 void MS_SIMD_FN(mita_add_rows)(float *restrict acc, const float *restrict x, size_t ld, int rows,
                                int n)
 {
