@@ -17,12 +17,12 @@ float MS_SIMD_FN(mita_max)(const float *x, int n)
     return m;
 }
 
-/* The path's vector at a float's alignment (a typedef may lower it); GCC
- * gives vectors their elements' alias set. */
+/* The path's vector at a float's alignment (a typedef may lower it),
+ * may_alias as the intrinsics' types: it reads and writes float arrays. */
 #if defined(__AVX512F__)
-typedef float add_vec __attribute__((vector_size(64), aligned(4)));
+typedef float add_vec __attribute__((vector_size(64), aligned(4), may_alias));
 #elif defined(__AVX2__)
-typedef float add_vec __attribute__((vector_size(32), aligned(4)));
+typedef float add_vec __attribute__((vector_size(32), aligned(4), may_alias));
 #endif
 
 /* acc[i] += x[r ld + i] for r = 0, 1, ... in that order. On v3 and v4 a
