@@ -5,9 +5,11 @@
  * 1: a row failed, or a GPU is present that cannot be used; 2: usage. */
 #include <cblas.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h> /* strcasecmp */
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -106,8 +108,23 @@ static void print_cpu(void)
     /* a core named in the environment wins over OpenBLAS's own choice (on
      * an AVX-512 CPU, Haswell's kernels run at half its sgemm rate) */
     const char *core = getenv("OPENBLAS_CORETYPE");
-    if (core && *core) printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
+    bool core_env = core && *core;
+    if (core_env) printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
     printf("\n");
+#if defined(__x86_64__) || defined(__i386__)
+    /* what OpenBLAS's AVX-512 cores (SkylakeX and its successors) need;
+     * any other core runs AVX2 kernels or older ones */
+    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+    const char *name = openblas_get_corename();
+    if (avx512 && strcasecmp(name, "SkylakeX") && strcasecmp(name, "Cooperlake") &&
+        strcasecmp(name, "SapphireRapids"))
+        printf("openblas note: this CPU runs AVX-512 but OpenBLAS runs %s's kernels; "
+               "OPENBLAS_CORETYPE=SkylakeX%s runs its AVX-512 ones (sgemm about 1.9x on the "
+               "README's benchmark machine)\n",
+               name, core_env ? " (or unset, where OpenBLAS knows this CPU)" : "");
+#endif
     /* OpenBLAS's own pool: app/omp_env/omp_env.c asks for none. No parallel
      * region has run yet, so the process's other threads are the pool's. */
     const char *nt = getenv("OPENBLAS_NUM_THREADS");

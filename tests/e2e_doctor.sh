@@ -44,6 +44,23 @@ if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
 else
     check "doctor: no OPENBLAS_CORETYPE, no note" bash -c "! grep -q 'chosen by OPENBLAS_CORETYPE' '$T/out'"
 fi
+# On an AVX-512 CPU, a core without AVX-512 kernels gets a note naming the
+# one that has them; OpenBLAS's AVX-512 core gets none.
+flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+avx512=1
+for f in avx512f avx512cd avx512bw avx512dq avx512vl; do
+    [[ " $flags " == *" $f "* ]] || avx512=0
+done
+OPENBLAS_CORETYPE=Haswell "$BIN" doctor --no-selftest >"$T/out_hsw" 2>&1
+if [ $avx512 = 1 ]; then
+    check "doctor: Haswell's kernels on an AVX-512 CPU are noted" \
+        grep -q "^openblas note: this CPU runs AVX-512 but OpenBLAS runs Haswell's kernels; OPENBLAS_CORETYPE=SkylakeX (or unset" "$T/out_hsw"
+    OPENBLAS_CORETYPE=SkylakeX "$BIN" doctor --no-selftest >"$T/out_skx" 2>&1
+    check "doctor: OpenBLAS's AVX-512 kernels, no note" \
+        bash -c "grep -q 'core SkylakeX' '$T/out_skx' && ! grep -q '^openblas note' '$T/out_skx'"
+else
+    check "doctor: no AVX-512, no note" bash -c "! grep -q '^openblas note' '$T/out_hsw'"
+fi
 ops="linear layernorm add transpose softmax_rows attention_full mita conv2d conv_transpose2x2
 adaptive_avgpool maxpool2x2 resize_bilinear resize_bicubic crop argmax normalize_pad"
 missing=""
