@@ -111,20 +111,16 @@ static void print_cpu(void)
     bool core_env = core && *core;
     if (core_env) printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
     printf("\n");
-#if defined(__x86_64__) || defined(__i386__)
-    /* what OpenBLAS's AVX-512 cores (SkylakeX and its successors) need;
-     * any other core runs AVX2 kernels or older ones */
-    bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-                  __builtin_cpu_supports("avx512vl");
+    /* x86-64-v4's AVX-512 subsets are what OpenBLAS's AVX-512 cores
+     * (SkylakeX and its successors) need; its other cores run AVX2 kernels
+     * or older ones */
     const char *name = openblas_get_corename();
-    if (avx512 && strcasecmp(name, "SkylakeX") && strcasecmp(name, "Cooperlake") &&
-        strcasecmp(name, "SapphireRapids"))
+    if (cpu_path_supported(MS_CPU_PATH_V4) && strcasecmp(name, "SkylakeX") &&
+        strcasecmp(name, "Cooperlake") && strcasecmp(name, "SapphireRapids"))
         printf("openblas note: this CPU runs AVX-512 but OpenBLAS runs %s's kernels; "
                "OPENBLAS_CORETYPE=SkylakeX%s runs its AVX-512 ones (sgemm about 1.9x on the "
                "README's benchmark machine)\n",
                name, core_env ? " (or unset, where OpenBLAS knows this CPU)" : "");
-#endif
     /* OpenBLAS's own pool: app/omp_env/omp_env.c asks for none. No parallel
      * region has run yet, so the process's other threads are the pool's. */
     const char *nt = getenv("OPENBLAS_NUM_THREADS");
