@@ -54,6 +54,13 @@ IMAGENET_STD = [58.395, 57.12, 57.375]
 # goldens use the exact ops.
 EXPORT_ONNX = False
 
+# tools/train.py sets this: MiTA's routed sets by torch.topk too where
+# gradients are on (a stable sort of each probe row took 8 ms a layer in a
+# CPU training step, topk 2 ms; which of two exactly tied keys is kept does
+# not matter to training). Validation (no_grad) and the goldens keep the
+# exact order.
+TRAIN_TOPK = False
+
 # --------------------------------------------------------------------------
 # 1. Config
 # --------------------------------------------------------------------------
@@ -237,7 +244,7 @@ def attention_mita(q, k, v, L, topk, shared_scale, record=None, ncls=0):
     # 2.2 probe and each expert's routed set: the k largest P[m, :], ties to the
     # lower position (stable descending sort keeps equal values in index order).
     P = L @ k.transpose(-1, -2)                                  # (B, h, M, N)
-    if EXPORT_ONNX:
+    if EXPORT_ONNX or (TRAIN_TOPK and torch.is_grad_enabled()):
         idx = torch.topk(P.detach(), kk, dim=-1).indices
     else:
         idx = torch.sort(P.detach(), dim=-1, descending=True, stable=True).indices[..., :kk]
@@ -474,11 +481,24 @@ class Backbone(nn.Module):
 # 4. Neck and UPerHead (spec section 3)
 # --------------------------------------------------------------------------
 
+def bilinear(x, **size_or_scale):
+    """F.interpolate(x, mode="bilinear", align_corners=False). A bf16 tensor
+    on the CPU (autocast training) is resized in fp32, channels-last, and
+    cast back: torch 1.13's bf16 CPU kernel took 34 ms forward and backward
+    at (8, 128, 60, 80), fp32 channels-last 2 ms (and it rounds once, not
+    per tap)."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu":
+        y = F.interpolate(x.float().contiguous(memory_format=torch.channels_last),
+                          mode="bilinear", align_corners=False, **size_or_scale)
+        return y.to(torch.bfloat16)
+    return F.interpolate(x, mode="bilinear", align_corners=False, **size_or_scale)
+
+
 def resize(x, size):
     """Bilinear resize to a size, align_corners=False, no antialias."""
     if tuple(x.shape[-2:]) == tuple(size):
         return x
-    return F.interpolate(x, size=tuple(size), mode="bilinear", align_corners=False)
+    return bilinear(x, size=tuple(size))
 
 
 class _ConvWithBias(nn.Module):
@@ -515,8 +535,7 @@ class MLNNeck(nn.Module):
             x = self.lateral_convs[l](t)
             if self.SCALES[l] != 1:
                 # scale_factor semantics: out = floor(S*scale), coords by 1/scale
-                x = F.interpolate(x, scale_factor=self.SCALES[l], mode="bilinear",
-                                  align_corners=False)
+                x = bilinear(x, scale_factor=self.SCALES[l])
             if l < len(skips):
                 x = x + self.stem_convs[l](skips[l])
             outs.append(self.convs[l](x))

@@ -733,6 +733,7 @@ def main(argv=None):
                          "its position embedding is resampled to pos_grid as timm would "
                          "(bicubic with antialias)")
     args = ap.parse_args(argv)
+    R.TRAIN_TOPK = True   # topk for the stable sort in training steps (mitaseg_ref)
 
     full_cfg = load_config(args.config)
     mcfg = R.complete_config(full_cfg["model"])

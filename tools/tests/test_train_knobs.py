@@ -653,9 +653,6 @@ class TestDevicePlan(unittest.TestCase):
         self.assertTrue(0 <= miou <= 100 and 0 <= aacc <= 100)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class TestResumeWithEma(unittest.TestCase):
     """--resume restores the EMA weights and their update count: 2 epochs +
@@ -680,3 +677,81 @@ class TestResumeWithEma(unittest.TestCase):
                 self.assertTrue(torch.equal(v, cb["ema"][k]), k)
             k0 = "backbone.blocks.0.attn.qkv.weight"
             self.assertFalse(torch.equal(ca["ema"][k0], ca["model"][k0]))   # an average, not a copy
+
+
+class TestTrainingSpeedPaths(unittest.TestCase):
+    """mitaseg_ref's two training-only shortcuts: bf16 bilinear resizes in
+    fp32, and torch.topk for the stable sort where gradients are on."""
+
+    def test_bf16_bilinear_is_the_fp32_resize_rounded(self):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(2, 5, 7, 9, generator=g)
+        for cl in (False, True):
+            xb = x.to(torch.bfloat16)
+            if cl:
+                xb = xb.contiguous(memory_format=torch.channels_last)
+            for kw in ({"size": (13, 17)}, {"scale_factor": 2}, {"scale_factor": 0.5}):
+                want = F.interpolate(xb.float(), mode="bilinear", align_corners=False, **kw)
+                got = R.bilinear(xb, **kw)
+                self.assertEqual(got.dtype, torch.bfloat16)
+                self.assertTrue(torch.equal(got.float(), want.to(torch.bfloat16).float()), (cl, kw))
+        # fp32 (every reference and golden run) is F.interpolate itself
+        self.assertTrue(torch.equal(R.bilinear(x, size=(13, 17)),
+                                    F.interpolate(x, size=(13, 17), mode="bilinear", align_corners=False)))
+        # gradients reach a bf16 input as bf16
+        xb = x.to(torch.bfloat16).requires_grad_(True)
+        R.bilinear(xb, scale_factor=2).float().sum().backward()
+        self.assertEqual(xb.grad.dtype, torch.bfloat16)
+        self.assertGreater(float(xb.grad.float().abs().sum()), 0.0)
+
+    def test_train_topk_only_where_gradients_are_on(self):
+        g = torch.Generator().manual_seed(1)
+        B, h, N, d, M, k = 1, 2, 12, 4, 3, 5
+        q, v, L = (torch.randn(B, h, n, d, generator=g) for n in (N, N, M))
+        # keys 2j and 2j + 1 equal: every probe score tied with a neighbour,
+        # so the stable sort's choice (the lower position) is visible
+        key = torch.randn(B, h, N // 2, d, generator=g).repeat_interleave(2, dim=2)
+
+        def sets(grad):
+            rec = {}
+            with torch.set_grad_enabled(grad):
+                out = R.attention_mita(q, key, v, L, k, "d", rec)
+            return out, rec["topk_idx"]
+
+        def stable_order():
+            P = L @ key.transpose(-1, -2)
+            return [[sorted(range(N), key=lambda j: (-float(P[0, hh, m, j]), j))[:k]
+                     for m in range(M)] for hh in range(h)]
+
+        saved = R.TRAIN_TOPK
+        try:
+            R.TRAIN_TOPK = False
+            out0, idx0 = sets(True)
+            self.assertEqual(idx0[0].tolist(), stable_order())
+            R.TRAIN_TOPK = True
+            out1, idx1 = sets(False)          # validation: the exact order still
+            self.assertTrue(torch.equal(idx1, idx0))
+            self.assertTrue(torch.equal(out1, out0))
+            _, idx2 = sets(True)              # a training step: topk, same scores
+            P = L @ key.transpose(-1, -2)
+            for hh in range(h):
+                for m in range(M):
+                    got = sorted(float(P[0, hh, m, j]) for j in idx2[0, hh, m].tolist())
+                    want = sorted(float(P[0, hh, m, j]) for j in idx0[0, hh, m].tolist())
+                    self.assertEqual(got, want)
+        finally:
+            R.TRAIN_TOPK = saved
+
+    def test_train_main_sets_the_flag(self):
+        saved = R.TRAIN_TOPK
+        try:
+            R.TRAIN_TOPK = False
+            with self.assertRaises(OSError):   # stops at the missing config, after the flag
+                T.main(["--config", "/nonexistent/c.json", "--out", "/nonexistent/o"])
+            self.assertTrue(R.TRAIN_TOPK)
+        finally:
+            R.TRAIN_TOPK = saved
+
+
+if __name__ == "__main__":
+    unittest.main()
