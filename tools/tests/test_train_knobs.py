@@ -742,6 +742,26 @@ class TestTrainingSpeedPaths(unittest.TestCase):
         finally:
             R.TRAIN_TOPK = saved
 
+    def test_bench_train_at_a_tiny_size(self):
+        """bench/bench_train.py runs both contenders and leaves the flag as it was."""
+        import subprocess
+        import sys
+        from tools.tests.test_train import MODEL, TRAIN
+        with tempfile.TemporaryDirectory() as root:
+            config, out = os.path.join(root, "c.json"), os.path.join(root, "b.json")
+            with open(config, "w") as f:
+                json.dump({"model": MODEL, "train": TRAIN}, f)
+            p = subprocess.run([sys.executable, os.path.join(TOOLS_DIR, "..", "bench", "bench_train.py"),
+                                "--config", config, "--threads", "1", "--rounds", "1", "--steps", "2",
+                                "--batch", "2", "--json", out],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+            self.assertEqual(p.returncode, 0, p.stdout)
+            self.assertIn("| shortcuts |", p.stdout)
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual(sorted(rep["seconds"]), ["exact", "shortcuts"])
+            self.assertEqual([len(v) for v in rep["seconds"].values()], [2, 2])
+
     def test_train_main_sets_the_flag(self):
         saved = R.TRAIN_TOPK
         try:
