@@ -50,11 +50,11 @@ IMAGENET_STD = [58.395, 57.12, 57.375]
 # ONNX exporter of torch 1.13 rejects get exportable equivalents (MiTA's
 # stable sort becomes torch.topk, which keeps either of two exactly tied keys;
 # adaptive average pooling to a size that does not divide the input becomes
-# window sums by 0/1 matrices, equal up to the last bit). Off: training and the
-# goldens use the exact ops.
+# window sums by 0/1 matrices, equal up to the last bit). Off: the goldens use
+# the exact ops (and training, but for TRAIN_TOPK below).
 EXPORT_ONNX = False
 
-# tools/train.py sets this: MiTA's routed sets by torch.topk too where
+# tools/train.py and pretrain.py set this: MiTA's routed sets by torch.topk too where
 # gradients are on (a stable sort of each probe row took 8 ms a layer in a
 # CPU training step, topk 2 ms; which of two exactly tied keys is kept does
 # not matter to training). Validation (no_grad) and the goldens keep the
@@ -485,8 +485,7 @@ def bilinear(x, **size_or_scale):
     """F.interpolate(x, mode="bilinear", align_corners=False). A bf16 tensor
     on the CPU (autocast training) is resized in fp32, channels-last, and
     cast back: torch 1.13's bf16 CPU kernel took 34 ms forward and backward
-    at (8, 128, 60, 80), fp32 channels-last 2 ms (and it rounds once, not
-    per tap)."""
+    at (8, 128, 60, 80), fp32 channels-last 2 ms."""
     if x.dtype == torch.bfloat16 and x.device.type == "cpu":
         y = F.interpolate(x.float().contiguous(memory_format=torch.channels_last),
                           mode="bilinear", align_corners=False, **size_or_scale)

@@ -142,6 +142,7 @@ def main(argv=None):
     ap.add_argument("--amp", default=None, choices=["auto", "bf16", "off"])
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
+    R.TRAIN_TOPK = True   # topk for the stable sort in training steps (mitaseg_ref)
     if not 0.0 < args.mask_ratio < 1.0 or args.mask_unit < 1:
         raise SystemExit("pretrain.py: --mask-ratio must be in (0, 1), --mask-unit >= 1")
 
