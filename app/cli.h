@@ -24,8 +24,9 @@ typedef struct {
 
 void cli_engine_args_init(cli_engine_args *a);
 /* Tries argv[*i] as an engine option (--model, --attention, --landmarks,
- * --topk, --device, --threads, --fp32, --max-memory, --tta), consuming its value. Returns 1 when
- * consumed, 0 when not an engine option, -1 on a bad value (message printed). */
+ * --topk, --short-side, --device, --threads, --fp32, --max-memory, --tta),
+ * consuming its value. Returns 1 when consumed, 0 when not an engine
+ * option, -1 on a bad value (message printed). */
 int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i);
 /* Help text for those options, for each command's --help. */
 extern const char cli_engine_help[];

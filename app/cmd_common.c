@@ -19,6 +19,9 @@ const char cli_engine_help[] =
     "  --attention mita|full   attention in every layer (default: the model's)\n"
     "  --landmarks GHxGW       MiTA landmark grid, e.g. 7x7 (default: the model's)\n"
     "  --topk K                MiTA routed keys per expert (default: the model's)\n"
+    "  --short-side N|native   resize each image so its short side is N pixels\n"
+    "                          (1..4096; the model's long-side cap still holds),\n"
+    "                          or not at all (default: the model's input.short_side)\n"
     "  --device cpu|cuda|auto  where to run (default auto: the GPU when usable)\n"
     "  --threads N             CPU threads (default: all cores)\n"
     "  --fp32                  CUDA: FP32 GEMMs instead of tensor-core FP16/BF16\n"
@@ -165,8 +168,10 @@ static bool parse_size(const char *s, size_t *out)
 int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
 {
     const char *opt = argv[*i];
-    static const char *const with_value[] = {"--model", "--attention", "--landmarks", "--topk",
-                                             "--device", "--threads", "--max-memory", "--tta", NULL};
+    static const char *const with_value[] = {"--model",   "--attention", "--landmarks",
+                                             "--topk",    "--short-side", "--device",
+                                             "--threads", "--max-memory", "--tta",
+                                             NULL};
     if (!strcmp(opt, "--fp32")) {
         a->eng.fp32 = true;
         return 1;
@@ -197,6 +202,13 @@ int cli_parse_engine_arg(cli_engine_args *a, int argc, char **argv, int *i)
     } else if (!strcmp(opt, "--topk")) {
         if (!parse_int(v, 1, INT_MAX, &a->run.topk)) {
             cli_error("--topk: expected a positive integer, got '%s'", v);
+            return -1;
+        }
+    } else if (!strcmp(opt, "--short-side")) {
+        if (!strcmp(v, "native")) {
+            a->run.short_side = -1;
+        } else if (!parse_int(v, 1, 4096, &a->run.short_side)) {
+            cli_error("--short-side: expected 1..4096 or native, got '%s'", v);
             return -1;
         }
     } else if (!strcmp(opt, "--device")) {

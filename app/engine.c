@@ -31,7 +31,7 @@
 typedef struct {
     bool used;
     uint64_t last_use;
-    int h, w, batch, attention, gh, gw, topk;
+    int h, w, rh, rw, batch, attention, gh, gw, topk;
     bool record, keep_blocks, mask_only;
     ms_arena act;
     float *pos;             /* (n, C) resized position embedding, in act */
@@ -551,7 +551,8 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     memset(g, 0, sizeof *g);
     g->batch = batch;
     g->h = h, g->w = w;
-    image_keep_ratio_size(&g->rh, &g->rw, h, w, c->short_side, c->long_side);
+    int ss = opt->short_side > 0 ? opt->short_side : opt->short_side < 0 ? 0 : c->short_side;
+    image_keep_ratio_size(&g->rh, &g->rw, h, w, ss, opt->short_side < 0 ? 0 : c->long_side);
     g->u8_resize = c->resize_cv2_uint8 && (g->rh != h || g->rw != w);
     g->ih = g->u8_resize ? g->rh : h, g->iw = g->u8_resize ? g->rw : w;
     g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;
@@ -795,7 +796,8 @@ static ms_status engine_forward(ms_engine *e, ms_backend *be, engine_plan *pl,
 
 static bool plan_matches(const engine_plan *pl, const run_geometry *g)
 {
-    return pl->used && pl->h == g->h && pl->w == g->w && pl->batch == g->batch &&
+    return pl->used && pl->h == g->h && pl->w == g->w && pl->rh == g->rh && pl->rw == g->rw &&
+           pl->batch == g->batch &&
            pl->attention == (int)g->attention &&
            pl->gh == g->mita.gh && pl->gw == g->mita.gw && pl->topk == g->mita.topk &&
            pl->record == g->record && pl->keep_blocks == g->keep_blocks &&
@@ -946,7 +948,8 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
     pl->act_base = arena_mark(act);
     pl->used = true;
     pl->bytes = act_bytes + host_bytes;
-    pl->h = g->h, pl->w = g->w, pl->batch = g->batch, pl->attention = g->attention;
+    pl->h = g->h, pl->w = g->w, pl->rh = g->rh, pl->rw = g->rw;
+    pl->batch = g->batch, pl->attention = g->attention;
     pl->gh = g->mita.gh, pl->gw = g->mita.gw, pl->topk = g->mita.topk, pl->record = g->record;
     pl->mask_only = g->mask_only;
     pl->keep_blocks = g->keep_blocks;

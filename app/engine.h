@@ -27,6 +27,10 @@ typedef struct {
     int attention;      /* -1: model's; MS_ATTN_FULL; MS_ATTN_MITA */
     int gh, gw;         /* landmarks, 0: model's */
     int topk;           /* 0: model's */
+    int short_side;     /* working size's short side: 0 the model's
+                         * input.short_side, -1 native (no resize), else
+                         * 1..4096 (the model's input.long_side still caps
+                         * the long side) */
     bool record;        /* record MiTA selections (viewer, --dump) */
     bool tta_flip;      /* test-time augmentation: average the logits of the
                          * image and of its mirror image (mirrored back); the

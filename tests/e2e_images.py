@@ -73,6 +73,14 @@ elif cmd == 'dump_ok':                # dump_ok DUMP MASK.png MODEL
     if cfg['backbone'].get('attention', {}).get('type', 'mita') == 'mita':
         assert any(k.startswith('layers.') and k.endswith('.topk_idx') for k in d), sorted(d)
         assert any(k.startswith('layers.') and k.endswith('.route') for k in d), sorted(d)
+elif cmd == 'dumps_same':             # dumps_same A B 1|0: every tensor bit-equal (1), or the logits differ (0)
+    a, b = read_dump(args[0]), read_dump(args[1])
+    if args[2] == '1':
+        assert sorted(a) == sorted(b), (sorted(a), sorted(b))
+        for k in a:
+            assert a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes(), k
+    else:
+        assert a['logits'].shape != b['logits'].shape or not np.array_equal(a['logits'], b['logits'])
 elif cmd == 'decodes':                # decodes FILE...: every file is a complete image
     for p in args:
         with Image.open(p) as im:

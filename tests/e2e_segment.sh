@@ -104,6 +104,25 @@ fi
 "$BIN" segment in/a.png in/b.jpg --dump x.safetensors >/dev/null 2>&1
 check "--dump with two images: refused" test $? -eq 2
 
+# --short-side: the run of a model whose input.short_side says the same
+# (logits, mask and MiTA record bit for bit); native = no resize at all
+h recfg "$MODEL" ss24.model.safetensors '{"input.short_side": 24}'
+h recfg "$MODEL" ssnat.model.safetensors '{"input.short_side": null}'
+seg in/a.png --dump ss_opt.safetensors --short-side 24 -q
+seg in/a.png --dump ss_cfg.safetensors --model ss24.model.safetensors -q
+check "--short-side 24 = a model with input.short_side 24" h dumps_same ss_opt.safetensors ss_cfg.safetensors 1
+check "--short-side 24 differs from the model's own size" h dumps_same ss_opt.safetensors a.safetensors 0
+seg in/a.png --dump ssn_opt.safetensors --short-side native -q
+seg in/a.png --dump ssn_cfg.safetensors --model ssnat.model.safetensors -q
+check "--short-side native = a model without input.short_side" h dumps_same ssn_opt.safetensors ssn_cfg.safetensors 1
+seg in/a.png in/b.jpg -o o_ss --short-side 24 -q
+check "--short-side: masks at the image's size" bash -c "'$PY' '$HELPER' index_ok o_ss/a.png in/a.png '$MODEL' && '$PY' '$HELPER' index_ok o_ss/b.png in/b.jpg '$MODEL'"
+for bad in 0 4097 -3 12x abc ""; do
+    "$BIN" segment in/a.png -o o_ssbad --short-side "$bad" >/dev/null 2>err.txt
+    check "--short-side '$bad': usage error 2, one line naming it" bash -c \
+        "test $? -eq 2 && grep -q \"short-side: expected 1..4096 or native, got '$bad'\" err.txt && [ \$(wc -l < err.txt) -eq 1 ]"
+done
+
 # ---- tiles ----------------------------------------------------------------------------
 seg in/a.png -o o_tile1 --tile 64 --overlap 0 -q
 check "--tile covering the image = untiled" h same_ids o_tile1/a.png o_files/a.png

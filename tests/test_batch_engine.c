@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "app/engine.h"
+#include "app/image_resize.h"
 #include "testutil.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -218,6 +219,40 @@ START_TEST(test_batch_rejects)
 }
 END_TEST
 
+/* run options' short_side: the working size follows it run by run in one
+ * engine (a plan per working size, not per image size), native leaves the
+ * image as it is, and going back to a size gives the same bytes. */
+START_TEST(test_short_side_option)
+{
+    ms_engine *e = open_engine(models[0]);
+    ms_image img;
+    enum { W = 45, H = 37 };
+    make_image(&img, W, H, 3);
+    const int sides[] = {24, 48, -1, 24};
+    ms_result res[4];
+    memset(res, 0, sizeof res);
+    for (int i = 0; i < 4; i++) {
+        ms_run_options ro = {.attention = -1, .short_side = sides[i]};
+        ck_assert_msg(engine_run(e, &res[i], &img, &ro) == MS_OK, "%s", ms_last_error());
+        int rh, rw;
+        image_keep_ratio_size(&rh, &rw, H, W, sides[i] > 0 ? sides[i] : 0, 0);
+        ck_assert_int_eq(res[i].rh, rh);
+        ck_assert_int_eq(res[i].rw, rw);
+        ck_assert_int_eq(res[i].h, H);
+        ck_assert_int_eq(res[i].w, W);
+    }
+    ck_assert_int_eq(res[0].rh, 24);
+    ck_assert_int_eq(res[1].rh, 48);
+    ck_assert_int_eq(res[2].rh, H);
+    size_t nl = (size_t)res[0].classes * W * H;
+    ck_assert(max_abs_diff(res[0].logits, res[1].logits, nl) > 0.0f);
+    ck_assert_int_eq(memcmp(res[0].logits, res[3].logits, nl * sizeof(float)), 0);
+    for (int i = 0; i < 4; i++) result_free(&res[i]);
+    free(img.rgb);
+    engine_free(e);
+}
+END_TEST
+
 #ifdef _OPENMP
 typedef struct {
     ms_engine *e;
@@ -323,6 +358,7 @@ int main(void)
                         (int)(sizeof models / sizeof models[0]));
     tcase_add_test(tc, test_batch_rejects);
     tcase_add_test(tc, test_batch_trace);
+    tcase_add_test(tc, test_short_side_option);
 #ifdef _OPENMP
     tcase_add_test(tc, test_engine_threads_on_worker);
 #endif
