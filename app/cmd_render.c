@@ -55,7 +55,7 @@ static void describe(char *buf, size_t n, const char *image, const ms_result *r)
 {
     const char *base = strrchr(image, '/');
     base = base ? base + 1 : image;
-    snprintf(buf, n, "%s  %dx%d", base, r->w, r->h);
+    snprintf(buf, n, "%s  %dx%d (%dx%d tokens)", base, r->w, r->h, r->wp, r->hp);
 }
 
 int cmd_render(int argc, char **argv)

@@ -337,8 +337,9 @@ static void main_ready(viewer *v)
     memset(v->class_pixels, 0, sizeof v->class_pixels);
     for (size_t i = 0; i < (size_t)v->res.h * v->res.w; i++) v->class_pixels[v->res.mask[i]]++;
     clamp_state(v);
-    set_status(v, "%s%s: %dx%d, %s %dx%d k %d%s, %.0f ms", position(v), base_name(v->path), v->res.w,
-               v->res.h, v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw,
+    set_status(v, "%s%s: %dx%d (%dx%d tokens), %s %dx%d k %d%s, %.0f ms", position(v),
+               base_name(v->path), v->res.w, v->res.h, v->res.wp, v->res.hp,
+               v->res.attention == MS_ATTN_FULL ? "full attention" : "MiTA", v->res.gh, v->res.gw,
                v->res.k, v->res.tta_flip ? ", flip TTA" : "", v->res.ms_total);
     if (!v->have_full && v->res.attention != MS_ATTN_FULL) v->want_full = true;
     /* the sweep belongs to one budget and image */
