@@ -486,6 +486,14 @@ int cmd_eval(int argc, char **argv)
     if (res.attention == MS_ATTN_MITA && done) printf(" (landmarks %dx%d, k %d)", res.gh, res.gw, res.k);
     if (tile) printf(", tiles %d overlap %d", tile, overlap);
     if (ea.run.tta_flip) printf(", flip TTA");
+    /* the working size's short side: the model's unless --short-side */
+    char ss[32];
+    int ssv = ea.run.short_side ? ea.run.short_side : cfg->short_side;
+    if (ssv > 0)
+        snprintf(ss, sizeof ss, "%d", ssv);
+    else
+        snprintf(ss, sizeof ss, "native");
+    if (ea.run.short_side) printf(", short side %s", ss);
     printf("\n\n%-24s %7s %7s\n", "class", "IoU", "Acc");
     for (int k = 0; k < cfg->n_classes; k++) {
         printf("%-24s", cfg->class_names[k]);
@@ -536,7 +544,7 @@ int cmd_eval(int argc, char **argv)
                               "images", imgs, "failed", fl, "seconds", secs,
                               "ms_per_image", mspi,
                               "interrupted", cli_interrupted ? "yes" : "no", "tile", tiles,
-                              "tta", ea.run.tta_flip ? "flip" : "none",
+                              "tta", ea.run.tta_flip ? "flip" : "none", "short_side", ss,
                               /* MiTA facts last: NULL ends the list for full attention */
                               mita ? "landmarks" : NULL, lm, "topk", topk, NULL};
         if (metrics_write_json(json, &m, &cm, (const char(*)[64])cfg->class_names, meta, scores,

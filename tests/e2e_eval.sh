@@ -73,6 +73,11 @@ check "engine options: --attention full runs" bash -c "test $? -eq 0 && grep -q 
 
 ev --list data/same.txt --tta flip --json tta.json > out.txt 2>&1
 check "--tta flip: runs, says so in the table and the JSON" bash -c "test $? -eq 0 && grep -q 'flip TTA' out.txt && grep -Eq '\"tta\":[[:space:]]*\"flip\"' tta.json"
+check "the JSON names the model's short side" bash -c "grep -Eq '\"short_side\":[[:space:]]*\"?$("$PY" "$HELPER" json_get_cfg "$MODEL" input.short_side)\"?[,}[:space:]]' tta.json"
+ev --list data/same.txt --short-side 24 --json ss.json > out.txt 2>&1
+check "--short-side 24: runs, says so in the table and the JSON" bash -c "test $? -eq 0 && grep -q 'short side 24' out.txt && grep -Eq '\"short_side\":[[:space:]]*24[,}[:space:]]' ss.json"
+ev --list data/same.txt --short-side native --json ssn.json > out.txt 2>&1
+check "--short-side native: says so" bash -c "test $? -eq 0 && grep -q 'short side native' out.txt && grep -Eq '\"short_side\":[[:space:]]*\"native\"' ssn.json"
 "$BIN" segment --threads 1 -q --tta flip data/img/a.png -o tta_pred >/dev/null 2>&1
 check "segment --tta flip writes a mask" test -s tta_pred/a.png
 "$BIN" render --tta flip data/img/a.png -o tta_render.png >/dev/null 2>tta_render.err

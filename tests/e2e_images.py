@@ -154,6 +154,11 @@ elif cmd == 'recfg':                  # recfg SRC DST JSON_PATCH: SRC with confi
     h += b' ' * (-len(h) % 8)
     with open(args[1], 'wb') as f:
         f.write(struct.pack('<Q', len(h)) + h + data)
+elif cmd == 'json_get_cfg':           # json_get_cfg MODEL KEY.PATH: prints a model config value (null: native)
+    v = model_cfg(args[0])
+    for k in args[1].split('.'):
+        v = v.get(k) if isinstance(v, dict) else None
+    print('native' if v in (None, 0) else v)
 elif cmd == 'temp_name':              # temp_name PID SEQ [BOOT]: mitaseg's temp file name on this host
     import socket
     def fnv1a(b):
