@@ -117,6 +117,9 @@ seg in/a.png --dump ssn_cfg.safetensors --model ssnat.model.safetensors -q
 check "--short-side native = a model without input.short_side" h dumps_same ssn_opt.safetensors ssn_cfg.safetensors 1
 seg in/a.png in/b.jpg -o o_ss --short-side 24 -q
 check "--short-side: masks at the image's size" bash -c "'$PY' '$HELPER' index_ok o_ss/a.png in/a.png '$MODEL' && '$PY' '$HELPER' index_ok o_ss/b.png in/b.jpg '$MODEL'"
+"$BIN" segment in/a.png -o o_ssmem --short-side 4096 --max-memory 64M >/dev/null 2>err.txt
+check "--short-side 4096: the memory budget sees the working size, refused before the run" bash -c \
+    "test $? -eq 1 && grep -Eq 'network input 54[0-9][0-9]x4096' err.txt && grep -q 'max-memory' err.txt && [ ! -e o_ssmem/a.png ]"
 for bad in 0 4097 -3 12x abc ""; do
     "$BIN" segment in/a.png -o o_ssbad --short-side "$bad" >/dev/null 2>err.txt
     check "--short-side '$bad': usage error 2, one line naming it" bash -c \
