@@ -1224,12 +1224,16 @@ ms_status result_write_dump(const ms_result *r, const char *path)
         t[at] = (ms_tensor){.name = names[at], .dtype = MS_DT_F32, .ndim = 2, .shape = {r->n, r->dim},
                             .data = r->blocks + (size_t)i * pb, .nbytes = pb * sizeof(float)};
     }
-    char grid[32], topk[16];
+    char grid[32], topk[16], tokens[32], work[32];
     snprintf(grid, sizeof grid, "%dx%d", r->gh, r->gw);
     snprintf(topk, sizeof topk, "%d", r->k);
+    /* rows x columns, as the landmarks: what topk_idx positions index */
+    snprintf(tokens, sizeof tokens, "%dx%d", r->hp, r->wp);
+    snprintf(work, sizeof work, "%dx%d", r->rh, r->rw);
     const char *meta[] = {"format", "mitaseg-dump", "attention",
                           r->attention == MS_ATTN_MITA ? "mita" : "full",
-                          "landmarks", grid, "topk", topk, NULL};
+                          "landmarks", grid, "topk", topk, "token_grid", tokens,
+                          "working_size", work, NULL};
     ms_status st = safetensors_write(path, t, n, meta);
     free(t), free(names);
     return st;

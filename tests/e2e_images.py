@@ -73,6 +73,14 @@ elif cmd == 'dump_ok':                # dump_ok DUMP MASK.png MODEL
     if cfg['backbone'].get('attention', {}).get('type', 'mita') == 'mita':
         assert any(k.startswith('layers.') and k.endswith('.topk_idx') for k in d), sorted(d)
         assert any(k.startswith('layers.') and k.endswith('.route') for k in d), sorted(d)
+elif cmd == 'dump_geometry':          # dump_geometry DUMP RHxRW: working size and token grid in the metadata
+    with open(args[0], 'rb') as f:
+        n = struct.unpack('<Q', f.read(8))[0]
+        meta = json.loads(f.read(n))['__metadata__']
+    assert meta['working_size'] == args[1], meta
+    hp, wp = map(int, meta['token_grid'].split('x'))
+    routes = [v for k, v in read_dump(args[0]).items() if k.endswith('.route')]
+    assert routes and routes[0].shape[1] in (hp * wp, hp * wp + 1), (meta, routes[0].shape)
 elif cmd == 'dumps_same':             # dumps_same A B 1|0: every tensor bit-equal (1), or the logits differ (0)
     a, b = read_dump(args[0]), read_dump(args[1])
     if args[2] == '1':

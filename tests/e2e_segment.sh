@@ -112,6 +112,7 @@ seg in/a.png --dump ss_opt.safetensors --short-side 24 -q
 seg in/a.png --dump ss_cfg.safetensors --model ss24.model.safetensors -q
 check "--short-side 24 = a model with input.short_side 24" h dumps_same ss_opt.safetensors ss_cfg.safetensors 1
 check "--short-side 24 differs from the model's own size" h dumps_same ss_opt.safetensors a.safetensors 0
+check "--dump names the working size and token grid (24x32 at --short-side 24)" h dump_geometry ss_opt.safetensors 24x32
 seg in/a.png --dump ssn_opt.safetensors --short-side native -q
 seg in/a.png --dump ssn_cfg.safetensors --model ssnat.model.safetensors -q
 check "--short-side native = a model without input.short_side" h dumps_same ssn_opt.safetensors ssn_cfg.safetensors 1
