@@ -488,7 +488,7 @@ int cmd_eval(int argc, char **argv)
     if (ea.run.tta_flip) printf(", flip TTA");
     /* the working size's short side: the model's unless --short-side */
     char ss[32];
-    int ssv = ea.run.short_side ? ea.run.short_side : cfg->short_side;
+    int ssv = engine_short_side(cfg, &ea.run);
     if (ssv > 0)
         snprintf(ss, sizeof ss, "%d", ssv);
     else

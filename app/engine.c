@@ -545,14 +545,19 @@ typedef struct {
     bool record, keep_blocks, mask_only;
 } run_geometry;
 
+int engine_short_side(const ms_config *c, const ms_run_options *opt)
+{
+    return opt->short_side > 0 ? opt->short_side : opt->short_side < 0 ? 0 : c->short_side;
+}
+
 static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, int h, int w,
                                const ms_run_options *opt)
 {
     memset(g, 0, sizeof *g);
     g->batch = batch;
     g->h = h, g->w = w;
-    int ss = opt->short_side > 0 ? opt->short_side : opt->short_side < 0 ? 0 : c->short_side;
-    image_keep_ratio_size(&g->rh, &g->rw, h, w, ss, opt->short_side < 0 ? 0 : c->long_side);
+    image_keep_ratio_size(&g->rh, &g->rw, h, w, engine_short_side(c, opt),
+                          opt->short_side < 0 ? 0 : c->long_side);
     g->u8_resize = c->resize_cv2_uint8 && (g->rh != h || g->rw != w);
     g->ih = g->u8_resize ? g->rh : h, g->iw = g->u8_resize ? g->rw : w;
     g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;

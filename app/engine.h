@@ -116,6 +116,10 @@ size_t engine_memory_budget(const ms_engine *e);
  * when ms_engine_options.max_memory is 0. */
 size_t engine_default_memory_budget(void);
 
+/* The short side a run resizes images to: opt's short_side, else the
+ * model's input.short_side; 0: native (no resize). */
+int engine_short_side(const ms_config *c, const ms_run_options *opt);
+
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
 
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route/
