@@ -6,11 +6,15 @@ import json, struct, sys, os, glob
 import numpy as np
 from PIL import Image
 
-def model_cfg(path):
+def st_read(path, with_data=True):
+    """A safetensors file's header (dict) and, when asked, its data bytes."""
     with open(path, 'rb') as f:
         n = struct.unpack('<Q', f.read(8))[0]
         head = json.loads(f.read(n))
-    return json.loads(head['__metadata__']['config'])
+        return head, (f.read() if with_data else None)
+
+def model_cfg(path):
+    return json.loads(st_read(path, False)[0]['__metadata__']['config'])
 
 def img(path, w, h, seed, mode='RGB'):
     r = np.random.default_rng(seed)
@@ -23,10 +27,7 @@ def img(path, w, h, seed, mode='RGB'):
     im.save(path)
 
 def read_dump(path):
-    with open(path, 'rb') as f:
-        n = struct.unpack('<Q', f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
+    head, data = st_read(path)
     out = {}
     dt = {'F32': np.float32, 'U8': np.uint8, 'I32': np.int32}
     for k, v in head.items():
@@ -74,9 +75,7 @@ elif cmd == 'dump_ok':                # dump_ok DUMP MASK.png MODEL
         assert any(k.startswith('layers.') and k.endswith('.topk_idx') for k in d), sorted(d)
         assert any(k.startswith('layers.') and k.endswith('.route') for k in d), sorted(d)
 elif cmd == 'dump_geometry':          # dump_geometry DUMP RHxRW: working size and token grid in the metadata
-    with open(args[0], 'rb') as f:
-        n = struct.unpack('<Q', f.read(8))[0]
-        meta = json.loads(f.read(n))['__metadata__']
+    meta = st_read(args[0], False)[0]['__metadata__']
     assert meta['working_size'] == args[1], meta
     hp, wp = map(int, meta['token_grid'].split('x'))
     routes = [v for k, v in read_dump(args[0]).items() if k.endswith('.route')]
@@ -146,10 +145,7 @@ elif cmd == 'json_close':             # json_close A.json EXPECTED_JSON_STRING
         else:
             assert abs(a[k] - v) < 1e-3, (k, a[k], v)
 elif cmd == 'recfg':                  # recfg SRC DST JSON_PATCH: SRC with config keys replaced
-    with open(args[0], 'rb') as f:
-        n = struct.unpack('<Q', f.read(8))[0]
-        head = json.loads(f.read(n))
-        data = f.read()
+    head, data = st_read(args[0])
     cfg = json.loads(head['__metadata__']['config'])
     for path, v in json.loads(args[2]).items():   # "input.short_side": null
         d = cfg
