@@ -9,8 +9,9 @@ blocks of steps in one process, same model, batch and optimiser.
       [--threads 2] [--rounds 6] [--steps 2] [--amp bf16|off] [--batch N]
       [--device cpu|cuda] [--json OUT]
 
-A step: forward under the run's autocast, the main and auxiliary losses at
-the crop size (cross entropy), backward, AdamW. Random input of the config's
+A step: train.py's forward_losses (forward under the run's autocast, the
+main and auxiliary losses at the crop size; plain cross entropy here),
+backward, AdamW. Random input of the config's
 crop size and batch. Prints min and median seconds a step for each and the
 ratio exact / shortcuts (> 1: the shortcuts are faster).
 """
@@ -61,16 +62,12 @@ def main(argv=None):
     ch, cw = tcfg["crop"]
     x = T.to_input(torch.rand(bs, 3, ch, cw), device, plan)
     y = torch.randint(0, len(mcfg["classes"]), (bs, ch, cw), device=device)
-    tap = "taps.%d" % tcfg.get("aux_tap", 2)
+    criterion = T.SegLoss(None, 255, None, 0.0).to(device)   # plain cross entropy
+    aux_tap, aux_w = tcfg.get("aux_tap", 2), tcfg.get("aux_weight", 0.4)
 
     def step():
-        with T.autocast(device, plan):
-            stages = {}
-            head = model(x, stages=stages)
-            aux_logits = aux(stages[tap])
-        head = F.interpolate(head.float(), size=(ch, cw), mode="bilinear", align_corners=False)
-        aux_logits = F.interpolate(aux_logits.float(), size=(ch, cw), mode="bilinear", align_corners=False)
-        loss = F.cross_entropy(head, y) + 0.4 * F.cross_entropy(aux_logits, y)
+        loss_main, loss_aux = T.forward_losses(model, aux, aux_tap, criterion, x, y, device, plan)
+        loss = loss_main + aux_w * loss_aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

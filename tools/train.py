@@ -613,6 +613,20 @@ def to_input(x, device, plan):
     return x.contiguous(memory_format=torch.channels_last) if plan["channels_last"] else x
 
 
+def forward_losses(model, aux, aux_tap, criterion, x, y, device, plan):
+    """(main loss, auxiliary loss) of one batch: the forward under the run's
+    autocast, both logits resized to the labels' size in fp32 (one training
+    step's forward; bench/bench_train.py times the same)."""
+    with autocast(device, plan):
+        stages = {}
+        head = model(x, stages=stages)
+        aux_logits = aux(stages["taps.%d" % aux_tap])
+    head = F.interpolate(head.float(), size=y.shape[-2:], mode="bilinear", align_corners=False)
+    aux_logits = F.interpolate(aux_logits.float(), size=y.shape[-2:], mode="bilinear",
+                               align_corners=False)
+    return criterion(head, y), criterion(aux_logits, y)
+
+
 def loader_workers(tcfg, device):
     """DataLoader workers: the config's "workers", or "auto" = 0 on the CPU
     (augmenting in the training process; the CPU machine is shared) and up to
@@ -865,15 +879,7 @@ def main(argv=None):
             x, y = copy_paste(x, y, tcfg.get("copy_paste"), paste_ids,
                               random.Random(seed * 1000033 + step))
             x, y = to_input(x, device, plan), y.to(device, non_blocking=True)
-            with autocast(device, plan):
-                stages = {}
-                head = model(x, stages=stages)
-                aux_logits = aux(stages["taps.%d" % aux_tap])
-            head = F.interpolate(head.float(), size=y.shape[-2:], mode="bilinear", align_corners=False)
-            aux_logits = F.interpolate(aux_logits.float(), size=y.shape[-2:], mode="bilinear",
-                                       align_corners=False)
-            loss_main = criterion(head, y)
-            loss_aux = criterion(aux_logits, y)
+            loss_main, loss_aux = forward_losses(model, aux, aux_tap, criterion, x, y, device, plan)
             loss = loss_main + aux_w * loss_aux
             opt.zero_grad(set_to_none=True)
             loss.backward()
