@@ -556,8 +556,8 @@ static ms_status plan_geometry(run_geometry *g, const ms_config *c, int batch, i
     memset(g, 0, sizeof *g);
     g->batch = batch;
     g->h = h, g->w = w;
-    image_keep_ratio_size(&g->rh, &g->rw, h, w, engine_short_side(c, opt),
-                          opt->short_side < 0 ? 0 : c->long_side);
+    /* native (short side 0): image_keep_ratio_size leaves the size as it is */
+    image_keep_ratio_size(&g->rh, &g->rw, h, w, engine_short_side(c, opt), c->long_side);
     g->u8_resize = c->resize_cv2_uint8 && (g->rh != h || g->rw != w);
     g->ih = g->u8_resize ? g->rh : h, g->iw = g->u8_resize ? g->rw : w;
     g->attention = opt->attention >= 0 ? (ms_attn_type)opt->attention : c->attn.type;

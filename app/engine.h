@@ -120,8 +120,6 @@ size_t engine_default_memory_budget(void);
  * model's input.short_side; 0: native (no resize). */
 int engine_short_side(const ms_config *c, const ms_run_options *opt);
 
-/* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route). */
-
 /* Writes the --dump safetensors (logits, mask, layers.{i}.topk_idx/route/
  * shared_mass when recorded, blocks.{i} when kept). */
 ms_status result_write_dump(const ms_result *res, const char *path);
