@@ -201,17 +201,17 @@ int cmd_render(int argc, char **argv)
         goto done;
     }
     if (against_full && res.attention == MS_ATTN_MITA) {
-        /* the reference (and the sweep below) with the shown run's TTA: like with like */
-        ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true, .tta_flip = ro.tta_flip};
+        /* the reference (and the sweep below) at the shown run's working size and TTA */
+        ms_run_options fo = stats_compare_options(&ro, MS_ATTN_FULL, 0, 0, 0);
+        fo.keep_blocks = true;
         if (engine_run(eng, &full, &img, &fo) != MS_OK || stats_compute(&stats, &res, &full) != MS_OK) {
             cli_error("%s: %s", image, ms_last_error());
             goto done;
         }
         if (view == VIZ_SWEEP) {
             n_sweep = stats_sweep_plan(sweep, res.gh, res.gw, res.k, res.hp, res.wp, res.n);
-            for (int i = 0; i < n_sweep; i++) sweep[i].tta_flip = ro.tta_flip;
             for (int i = 0; i < n_sweep; i++)
-                if (stats_run_sweep_point(&sweep[i], eng, &scratch, &img, full.mask) != MS_OK) {
+                if (stats_run_sweep_point(&sweep[i], eng, &scratch, &img, full.mask, &ro) != MS_OK) {
                     cli_error("%s: sweep %s: %s", image, sweep[i].label, ms_last_error());
                     goto done;
                 }

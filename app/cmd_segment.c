@@ -518,7 +518,8 @@ static ms_status segment_group(job **group, int n, seg_worker *w, const seg_args
         memcpy(j->mask, res->mask, (size_t)j->img.w * j->img.h);
         if (a->dump) MS_TRY(result_write_dump(res, a->dump));
         if (a->stats) {
-            ms_run_options fo = {.attention = MS_ATTN_FULL, .keep_blocks = true};
+            ms_run_options fo = stats_compare_options(&opt, MS_ATTN_FULL, 0, 0, 0);
+            fo.keep_blocks = true;
             MS_TRY(engine_run(w->e, &w->full, &j->img, &fo));
             MS_TRY(stats_compute(&w->stats, res, &w->full));
             const ms_config *cfg = engine_config(w->e);

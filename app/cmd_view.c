@@ -175,7 +175,7 @@ static int worker_main(void *arg)
     }
     if (j->status == MS_OK) {
         if (j->kind == JOB_SWEEP)
-            j->status = stats_run_sweep_point(j->point, j->eng, j->out, j->img, j->full_mask);
+            j->status = stats_run_sweep_point(j->point, j->eng, j->out, j->img, j->full_mask, &j->opt);
         else
             j->status = engine_run(j->eng, j->out, j->img, &j->opt);
     }
@@ -233,14 +233,13 @@ static void start_next(viewer *v)
     } else if (k == JOB_FULL) {
         v->want_full = false;
         j->out = &v->full_work;
-        memset(&j->opt, 0, sizeof j->opt);
-        j->opt.attention = MS_ATTN_FULL;
+        j->opt = stats_compare_options(&v->run, MS_ATTN_FULL, 0, 0, 0);
         j->opt.keep_blocks = true;
-        j->opt.tta_flip = v->run.tta_flip; /* compare like with like */
     } else if (k == JOB_SWEEP) {
         j->point = &v->sweep[v->sweep_next];
         j->full_mask = v->full.mask;
         j->out = &v->scratch;
+        j->opt = v->run; /* the shown run's, for stats_run_sweep_point */
     } else {
         v->want_pre = false;
         v->pre_ready = false;
@@ -326,7 +325,6 @@ static void sweep_plan(viewer *v)
 {
     const ms_result *r = &v->res;
     v->n_sweep = stats_sweep_plan(v->sweep, r->gh, r->gw, r->k, r->hp, r->wp, r->n);
-    for (int i = 0; i < v->n_sweep; i++) v->sweep[i].tta_flip = r->tta_flip;
     v->sweep_next = 0;
 }
 
@@ -350,7 +348,8 @@ static void main_ready(viewer *v)
     /* run the next image ahead (again, when the budget changed since) */
     ms_run_options now = main_options(v);
     v->want_pre = next_index(v) >= 0 && !(v->pre_ready && same_options(&v->pre_opt, &now));
-    vlog(v, "ready %.0f ms layers %d%s", v->res.ms_total, v->res.depth, v->res.tta_flip ? " tta flip" : "");
+    vlog(v, "ready %.0f ms layers %d tokens %dx%d%s", v->res.ms_total, v->res.depth, v->res.wp, v->res.hp,
+         v->res.tta_flip ? " tta flip" : "");
 }
 
 static void on_job_done(viewer *v)
@@ -644,9 +643,9 @@ static void budget_change(viewer *v, int dgrid, int kmul, bool kdiv, bool toggle
     int gh = v->run.gh ? v->run.gh : (v->have_res && r->gh ? r->gh : v->cfg->attn.gh);
     int gw = v->run.gw ? v->run.gw : (v->have_res && r->gw ? r->gw : v->cfg->attn.gw);
     int k = v->run.topk ? v->run.topk : (v->have_res && r->k ? r->k : v->cfg->attn.topk);
-    if (reset) {
-        memset(&v->run, 0, sizeof v->run);
+    if (reset) { /* the budget only: the working size and TTA stay as the user chose */
         v->run.attention = -1;
+        v->run.gh = v->run.gw = v->run.topk = 0;
     } else if (toggle_full) {
         bool full_now = v->have_res ? r->attention == MS_ATTN_FULL : v->run.attention == MS_ATTN_FULL;
         v->run.attention = full_now ? MS_ATTN_MITA : MS_ATTN_FULL;

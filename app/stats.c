@@ -194,11 +194,16 @@ int stats_sweep_plan(ms_sweep_point *pts, int gh, int gw, int k, int hp, int wp,
     return c;
 }
 
-ms_status stats_run_sweep_point(ms_sweep_point *pt, ms_engine *e, ms_result *scratch, const ms_image *img,
-                                const uint8_t *full_mask)
+ms_run_options stats_compare_options(const ms_run_options *shown, int attention, int gh, int gw, int k)
 {
-    ms_run_options o = {.attention = MS_ATTN_MITA, .gh = pt->gh, .gw = pt->gw, .topk = pt->k,
-                        .tta_flip = pt->tta_flip};
+    return (ms_run_options){.attention = attention, .gh = gh, .gw = gw, .topk = k,
+                            .short_side = shown->short_side, .tta_flip = shown->tta_flip};
+}
+
+ms_status stats_run_sweep_point(ms_sweep_point *pt, ms_engine *e, ms_result *scratch, const ms_image *img,
+                                const uint8_t *full_mask, const ms_run_options *shown)
+{
+    ms_run_options o = stats_compare_options(shown, MS_ATTN_MITA, pt->gh, pt->gw, pt->k);
     /* twice: the first run at a new budget also sizes and allocates its
      * activation plan, which is not the time of a run */
     MS_TRY(engine_run(e, scratch, img, &o));

@@ -39,7 +39,6 @@ typedef struct {
 typedef struct {
     char label[16];             /* "k/4", "k", "grid-1", ... */
     int gh, gw, k;              /* asked budget (the engine clamps it) */
-    bool tta_flip;              /* run with --tta flip (like the full reference) */
     bool done;                  /* agreement and ms are set */
     double agreement;           /* fraction of pixels with full attention's class */
     double ms;                  /* forward-pass time */
@@ -59,11 +58,21 @@ void stats_free(ms_stats *st);
 int stats_sweep_plan(ms_sweep_point *pts /* (MS_SWEEP_MAX) */, int gh, int gw, int k, int hp, int wp,
                      int n);
 
-/* Runs one sweep point on img (MiTA at the point's budget, no record) into
- * scratch and sets its agreement with full_mask (h, w) and its time (of a
- * second run: the first at a budget also builds the engine's plan for it). */
+/* The options of a run compared with the shown run (shown: the options it
+ * ran with): its full-attention reference (attention MS_ATTN_FULL, budget
+ * 0) or a sweep point (MS_ATTN_MITA at gh x gw, k). The shown run's
+ * working size (short_side) and flip TTA are kept, so that the comparison
+ * measures the attention alone, not a resize (a reference at another
+ * working size also has another token count: no block differences); no
+ * record, no blocks, full-size logits. */
+ms_run_options stats_compare_options(const ms_run_options *shown, int attention, int gh, int gw, int k);
+
+/* Runs one sweep point on img (MiTA at the point's budget, otherwise as the
+ * shown run: stats_compare_options) into scratch and sets its agreement
+ * with full_mask (h, w) and its time (of a second run: the first at a
+ * budget also builds the engine's plan for it). */
 ms_status stats_run_sweep_point(ms_sweep_point *pt, ms_engine *e, ms_result *scratch, const ms_image *img,
-                                const uint8_t *full_mask /* (h, w) */);
+                                const uint8_t *full_mask /* (h, w) */, const ms_run_options *shown);
 
 /* The statistics as one JSON object (caller frees with free()): image name,
  * budget, "layers": [{layer, mita, pruned, pruned_per_head, shared_share,

@@ -318,15 +318,17 @@ VIEW_PID=$!
 wait_log '^ready' 120 >/dev/null
 stop_viewer "kill -TERM $VIEW_PID" 30 143 "SIGTERM, at once"
 
-# 7. a folder of three images
+# 7. a folder of three images, at a working size of the command line's
+#    (--short-side 96: a.png's 160x120 runs at 128x96, 16x12 tokens; the
+#    fixture model's own is the image's size, 20x15)
 mkdir -p "$TMP/set"
 png write "$TMP/set/a.png" 160 120 && png write "$TMP/set/b.png" 120 96 && png write "$TMP/set/c.png" 96 128 \
     || fail "cannot write the folder's images"
-start_viewer -- "$TMP/set"
+start_viewer -- "$TMP/set" --short-side 96
 WIN=$(timeout 30 xdotool search --sync --name '^mitaseg' | head -1)
 [ -n "$WIN" ] || fail "no mitaseg window appeared for the folder"
 wait_log "^image 1 3 .*/a\.png$" 30 >/dev/null
-wait_log '^ready' 120 >/dev/null
+wait_log '^ready' 120 | grep -q ' tokens 16x12$' || fail "--short-side 96: a.png did not run at 16x12 tokens"
 xdotool mousemove --window "$WIN" 20 20
 xdotool windowfocus --sync "$WIN" 2>/dev/null || true
 sleep 0.2
@@ -345,7 +347,8 @@ done
 grep -Eq '^image 1 3 .*/a\.png$' <(grep -E '^image ' "$TMP/log" | tail -1) || fail "BackSpace did not go back to a.png"
 wait_log '^ready' 60 >/dev/null
 
-# 8. the difference view once the full-attention run is there; S writes NAME.stats.json
+# 8. the difference view once the full-attention run is there (at the same
+#    working size: else no block differences); S writes NAME.stats.json
 wait_log '^full ready' 60 >/dev/null
 xdotool key 7
 wait_log '^view diff' 10 >/dev/null
@@ -376,6 +379,17 @@ xdotool mousemove --window "$WIN" "$CX" "$CY" click 1
 wait_log '^layer 1$' 10 >/dev/null
 read -r V7 _ < <(save_now)
 [[ "$V7" == *a.view-stats-L1.png ]] || fail "unexpected stats-view file name $V7"
+
+# 9b. R goes back to the model's own budget and re-runs, at the working size
+#     the command line chose
+R=$(count_log '^ready')
+xdotool key r
+for _ in $(seq 1 600); do
+    [ "$(count_log '^ready')" -gt "$R" ] && break
+    sleep 0.1
+done
+[ "$(count_log '^ready')" -gt "$R" ] || fail "R did not re-run the model"
+grep -E '^ready' "$TMP/log" | tail -1 | grep -q ' tokens 16x12$' || fail "R lost --short-side 96"
 
 # 10. zoom: Ctrl+wheel over the image zooms about the pointer, a drag pans, 0 fits
 xdotool key 1

@@ -405,7 +405,7 @@ START_TEST(test_sweep_plan)
     n = stats_sweep_plan(p, 3, 3, 8, fr.hp, fr.wp, fr.n);
     ck_assert_int_ge(n, 5);
     for (int i = 0; i < n; i++) {
-        ck_assert_msg(stats_run_sweep_point(&p[i], e, &sc, &img, fr.mask) == MS_OK, "%s", ms_last_error());
+        ck_assert_msg(stats_run_sweep_point(&p[i], e, &sc, &img, fr.mask, &fo) == MS_OK, "%s", ms_last_error());
         size_t same = 0;
         for (int q = 0; q < IW * IH; q++) same += sc.mask[q] == fr.mask[q];
         ck_assert(p[i].done && p[i].ms > 0);
@@ -413,6 +413,82 @@ START_TEST(test_sweep_plan)
         ck_assert_int_eq(sc.k, p[i].k < fr.n ? p[i].k : fr.n);
     }
     result_free(&fr), result_free(&sc);
+    image_free(&img);
+    engine_free(e);
+}
+END_TEST
+
+/* The runs compared with a shown run (its full-attention reference, the
+ * sweep's points) run at the shown run's working size and with its TTA:
+ * a reference at the model's own size has another token grid, so the
+ * block differences could not be taken and the changed pixels would
+ * count the resize too. */
+START_TEST(test_compare_at_shown_working_size)
+{
+    ms_engine *e = open_engine();
+    ms_image img = {0};
+    make_image(&img);
+    ms_result mr = {0}, fr = {0}, own = {0}, sc = {0};
+    ms_run_options shown = {.attention = -1, .short_side = 96, .tta_flip = true, .record = true,
+                            .keep_blocks = true, .mask_only = true};
+    ck_assert_msg(engine_run(e, &mr, &img, &shown) == MS_OK, "%s", ms_last_error());
+    ms_run_options fo = stats_compare_options(&shown, MS_ATTN_FULL, 0, 0, 0);
+    ck_assert_int_eq(fo.attention, MS_ATTN_FULL);
+    ck_assert_int_eq(fo.short_side, 96);
+    ck_assert(fo.tta_flip && !fo.record && !fo.keep_blocks && !fo.mask_only);
+    ck_assert(fo.gh == 0 && fo.gw == 0 && fo.topk == 0);
+    fo.keep_blocks = true;
+    ck_assert_msg(engine_run(e, &fr, &img, &fo) == MS_OK, "%s", ms_last_error());
+    ck_assert(fr.attention == MS_ATTN_FULL && fr.tta_flip);
+    ck_assert_int_eq(fr.hp, mr.hp);
+    ck_assert_int_eq(fr.wp, mr.wp);
+    /* the model's own working size is another grid: the test compares something */
+    ms_run_options own_opt = {.attention = MS_ATTN_FULL, .keep_blocks = true};
+    ck_assert(engine_run(e, &own, &img, &own_opt) == MS_OK);
+    ck_assert_int_ne(own.n, mr.n);
+    ms_stats st = {0};
+    ck_assert_msg(stats_compute(&st, &mr, &fr) == MS_OK, "%s", ms_last_error());
+    ck_assert(st.have_full && st.have_blocks);
+    for (int l = 0; l < st.depth; l++) ck_assert(isfinite(st.block_diff[l]));
+    /* segment --stats compares the same two runs ($MS_BIN: the program) */
+    const char *bin = getenv("MS_BIN");
+    if (bin && access(bin, X_OK) == 0) {
+        const char *png = test_path("img.png"), *jl = test_path("s.jsonl");
+        ck_assert(image_write_rgb(png, img.rgb, IW, IH) == MS_OK);
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd,
+                 "'%s' segment '%s' --model '%s' --device cpu --threads 2 -q --short-side 96 --tta flip "
+                 "--stats '%s'", bin, png, fixture_path(MODEL), jl);
+        ck_assert_int_eq(system(cmd), 0);
+        size_t len = 0;
+        char *text = (char *)read_bytes(jl, &len);
+        text[len] = '\0'; /* the spare byte */
+        cJSON *root = cJSON_Parse(text);
+        ck_assert_ptr_nonnull(root);
+        cJSON *layers = cJSON_GetObjectItem(root, "layers");
+        ck_assert_int_eq(cJSON_GetArraySize(layers), st.depth);
+        for (int l = 0; l < st.depth; l++) {
+            cJSON *b = cJSON_GetObjectItem(cJSON_GetArrayItem(layers, l), "block_rel_l2");
+            ck_assert_msg(cJSON_IsNumber(b), "layer %d: no block difference", l);
+            assert_close(b->valuedouble, st.block_diff[l], 1e-5, "jsonl block", l);
+        }
+        cJSON *vf = cJSON_GetObjectItem(root, "vs_full");
+        ck_assert_int_eq((int64_t)cJSON_GetObjectItem(vf, "changed")->valuedouble, st.changed);
+        cJSON_Delete(root);
+        free(text);
+    }
+    /* a sweep point: MiTA at its budget, the shown run's size and TTA */
+    ms_sweep_point p[MS_SWEEP_MAX];
+    int n = stats_sweep_plan(p, mr.gh, mr.gw, mr.k, mr.hp, mr.wp, mr.n);
+    ck_assert_int_ge(n, 1);
+    ck_assert_msg(stats_run_sweep_point(&p[0], e, &sc, &img, fr.mask, &shown) == MS_OK, "%s",
+                  ms_last_error());
+    ck_assert(sc.attention == MS_ATTN_MITA && sc.tta_flip);
+    ck_assert_int_eq(sc.hp, mr.hp);
+    ck_assert_int_eq(sc.wp, mr.wp);
+    ck_assert_int_eq(sc.k, p[0].k);
+    stats_free(&st);
+    result_free(&mr), result_free(&fr), result_free(&own), result_free(&sc);
     image_free(&img);
     engine_free(e);
 }
@@ -476,6 +552,7 @@ int main(void)
     tcase_add_test(tc, test_stats_from_dump);
     tcase_add_test(tc, test_stats_needs_record);
     tcase_add_test(tc, test_sweep_plan);
+    tcase_add_test(tc, test_compare_at_shown_working_size);
     tcase_add_test(tc, test_text_out_atomic);
     suite_add_tcase(s, tc);
     return run_suite(s);
