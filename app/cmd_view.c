@@ -198,7 +198,8 @@ static ms_run_options main_options(const viewer *v)
 
 static bool same_options(const ms_run_options *a, const ms_run_options *b)
 {
-    return a->attention == b->attention && a->gh == b->gh && a->gw == b->gw && a->topk == b->topk;
+    return a->attention == b->attention && a->gh == b->gh && a->gw == b->gw && a->topk == b->topk &&
+           a->short_side == b->short_side && a->tta_flip == b->tta_flip;
 }
 
 /* Index of the image after the current one in the list; -1: none. */
@@ -373,6 +374,9 @@ static void on_job_done(viewer *v)
         v->res = v->work;
         v->work = t;
         main_ready(v);
+    } else if (j->kind == JOB_FULL && j->opt.tta_flip != v->run.tta_flip) {
+        /* T was pressed meanwhile: a reference of the other kind; run it again */
+        v->want_full = v->have_res && v->res.attention == MS_ATTN_MITA;
     } else if (j->kind == JOB_FULL) {
         ms_result t = v->full;
         v->full = v->full_work;
@@ -678,6 +682,19 @@ static void budget_change(viewer *v, int dgrid, int kmul, bool kdiv, bool toggle
     start_next(v);
 }
 
+/* T: flip TTA on or off for the runs from now on; the full-attention
+ * reference then runs again with it (like with like). */
+static void tta_toggle(viewer *v)
+{
+    if (!v->have_img) return;
+    v->run.tta_flip = !v->run.tta_flip;
+    v->have_full = false; /* main_ready asks for it again */
+    v->want_main = true;
+    set_status(v, "re-running with flip TTA %s%s...", v->run.tta_flip ? "on" : "off",
+               v->busy ? " (after the current run)" : "");
+    start_next(v);
+}
+
 static void sync_state(viewer *v);
 
 /* Zooms by z about window pixel (x, y) (the middle when off the image). */
@@ -811,6 +828,9 @@ static void on_key(viewer *v, const SDL_KeyboardEvent *ke, bool *quit)
         return;
     case SDLK_r:
         budget_change(v, 0, 0, false, false, true);
+        return;
+    case SDLK_t:
+        tta_toggle(v);
         return;
     default:
         return;

@@ -337,7 +337,8 @@ static void rebase_weights(ms_engine *e, const ms_arena *from, const ms_arena *t
 static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
 {
     e->device = MS_DEV_CPU;
-    snprintf(e->device_name, sizeof e->device_name, "CPU (%d threads)", e->be.threads);
+    snprintf(e->device_name, sizeof e->device_name, "CPU (%d thread%s)", e->be.threads,
+             e->be.threads == 1 ? "" : "s");
     if (opt->device == MS_DEV_CPU) {
         e->be.tc_round = opt->tc_round;
         return MS_OK;

@@ -391,6 +391,19 @@ done
 [ "$(count_log '^ready')" -gt "$R" ] || fail "R did not re-run the model"
 grep -E '^ready' "$TMP/log" | tail -1 | grep -q ' tokens 16x12$' || fail "R lost --short-side 96"
 
+# 9c. T turns flip TTA on (the main run and the full-attention reference run
+#     again, both with it), T again off
+for want in ' tokens 16x12 tta flip$' ' tokens 16x12$'; do
+    R=$(count_log '^ready'); F=$(count_log '^full ready')
+    xdotool key t
+    for _ in $(seq 1 600); do
+        [ "$(count_log '^ready')" -gt "$R" ] && [ "$(count_log '^full ready')" -gt "$F" ] && break
+        sleep 0.1
+    done
+    [ "$(count_log '^full ready')" -gt "$F" ] || fail "T: the full-attention reference did not run again"
+    grep -E '^ready' "$TMP/log" | tail -1 | grep -Eq "$want" || fail "T: the run after it did not match /$want/"
+done
+
 # 10. zoom: Ctrl+wheel over the image zooms about the pointer, a drag pans, 0 fits
 xdotool key 1
 read -r IX IY IW_ IH_ < <(grep -E '^layout image ' "$TMP/log" | tail -1 | cut -d' ' -f3-)

@@ -41,6 +41,7 @@ const char *const viz_help_lines[] = {
     "K / Shift+K\ttop-k x2 / /2 (re-runs)",
     "F\tfull attention / MiTA (re-runs)",
     "R\tback to the model's own budget (re-runs)",
+    "T\tflip TTA on / off: the mirror image's logits averaged in (re-runs)",
     "S\tsave the view, the mask and NAME.stats.json next to the image",
     "Esc, Q\tquit",
     "hover\tclass and score under the pointer",
