@@ -244,10 +244,15 @@ ms_status stats_to_json(char **out, const ms_stats *st, const ms_result *r, cons
 {
     *out = NULL;
     cJSON *root = cJSON_CreateObject(), *layers = cJSON_CreateArray();
-    char grid[32];
+    char grid[32], size[32], tokens[32];
     snprintf(grid, sizeof grid, "%dx%d", r->gh, r->gw);
+    snprintf(size, sizeof size, "%dx%d", r->rw, r->rh);
+    snprintf(tokens, sizeof tokens, "%dx%d", r->wp, r->hp);
     bool ok = root && layers && add(root, "image", cJSON_CreateString(image ? image : "")) &&
               add(root, "width", cJSON_CreateNumber(r->w)) && add(root, "height", cJSON_CreateNumber(r->h)) &&
+              add(root, "working_size", cJSON_CreateString(size)) &&
+              add(root, "token_grid", cJSON_CreateString(tokens)) &&
+              add(root, "tta", cJSON_CreateString(r->tta_flip ? "flip" : "none")) &&
               add(root, "landmarks", cJSON_CreateString(grid)) && add(root, "topk", cJSON_CreateNumber(r->k)) &&
               add(root, "tokens", cJSON_CreateNumber(st->n)) &&
               add(root, "image_tokens", cJSON_CreateNumber(st->image_tokens)) &&

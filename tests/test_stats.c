@@ -465,6 +465,13 @@ START_TEST(test_compare_at_shown_working_size)
         text[len] = '\0'; /* the spare byte */
         cJSON *root = cJSON_Parse(text);
         ck_assert_ptr_nonnull(root);
+        char size[32], grid[32];
+        snprintf(size, sizeof size, "%dx%d", mr.rw, mr.rh);
+        snprintf(grid, sizeof grid, "%dx%d", mr.wp, mr.hp);
+        ck_assert_str_eq(cJSON_GetObjectItem(root, "working_size")->valuestring, size);
+        ck_assert_str_eq(cJSON_GetObjectItem(root, "token_grid")->valuestring, grid);
+        ck_assert_str_eq(cJSON_GetObjectItem(root, "tta")->valuestring, "flip");
+        ck_assert_int_eq(mr.rh, 96); /* the short side asked for */
         cJSON *layers = cJSON_GetObjectItem(root, "layers");
         ck_assert_int_eq(cJSON_GetArraySize(layers), st.depth);
         for (int l = 0; l < st.depth; l++) {
