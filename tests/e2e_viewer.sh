@@ -197,6 +197,17 @@ wait_log() {
 }
 # count_log REGEX: how many lines match
 count_log() { grep -Ec "$1" "$TMP/log"; }
+# wait_more REGEX N [SECONDS]: until more than N log lines match REGEX;
+# status 1 when the time runs out
+wait_more() {
+    local t=$(( ${3:-60} * 10 ))
+    for _ in $(seq 1 "$t"); do
+        [ "$(count_log "$1")" -gt "$2" ] && return 0
+        kill -0 "$VIEW_PID" 2>/dev/null || fail "viewer exited while waiting for /$1/"
+        sleep 0.1
+    done
+    return 1
+}
 
 wait_log '^ready' 120 >/dev/null
 # keyboard focus follows the pointer without a window manager; also ask for it
@@ -340,10 +351,7 @@ wait_log "^image 2 3 .*/b\.png$" 10 >/dev/null
 [ "$(count_log '^ready')" -gt "$R" ] || fail "PageDown: the prefetched run was not used"
 A=$(count_log '^image 1 3 ')
 xdotool key BackSpace
-for _ in $(seq 1 100); do
-    [ "$(count_log '^image 1 3 ')" -gt "$A" ] && break
-    sleep 0.1
-done
+wait_more '^image 1 3 ' "$A" 10
 grep -Eq '^image 1 3 .*/a\.png$' <(grep -E '^image ' "$TMP/log" | tail -1) || fail "BackSpace did not go back to a.png"
 wait_log '^ready' 60 >/dev/null
 
@@ -384,11 +392,7 @@ read -r V7 _ < <(save_now)
 #     the command line chose
 R=$(count_log '^ready')
 xdotool key r
-for _ in $(seq 1 600); do
-    [ "$(count_log '^ready')" -gt "$R" ] && break
-    sleep 0.1
-done
-[ "$(count_log '^ready')" -gt "$R" ] || fail "R did not re-run the model"
+wait_more '^ready' "$R" || fail "R did not re-run the model"
 grep -E '^ready' "$TMP/log" | tail -1 | grep -q ' tokens 16x12$' || fail "R lost --short-side 96"
 
 # 9c. T turns flip TTA on (the main run and the full-attention reference run
@@ -396,11 +400,8 @@ grep -E '^ready' "$TMP/log" | tail -1 | grep -q ' tokens 16x12$' || fail "R lost
 for want in ' tokens 16x12 tta flip$' ' tokens 16x12$'; do
     R=$(count_log '^ready'); F=$(count_log '^full ready')
     xdotool key t
-    for _ in $(seq 1 600); do
-        [ "$(count_log '^ready')" -gt "$R" ] && [ "$(count_log '^full ready')" -gt "$F" ] && break
-        sleep 0.1
-    done
-    [ "$(count_log '^full ready')" -gt "$F" ] || fail "T: the full-attention reference did not run again"
+    wait_more '^ready' "$R" || fail "T: no run after it"
+    wait_more '^full ready' "$F" || fail "T: the full-attention reference did not run again"
     grep -E '^ready' "$TMP/log" | tail -1 | grep -Eq "$want" || fail "T: the run after it did not match /$want/"
 done
 
