@@ -219,6 +219,28 @@ static void assert_close(double got, double want, double tol, const char *what, 
     ck_assert_msg(fabs(got - want) <= tol, "%s at layer %d: %.9g, recomputed %.9g", what, l, got, want);
 }
 
+/* `mitaseg segment --stats` ($MS_BIN, the program) on img with the extra
+ * options: its one JSON line, parsed; NULL when $MS_BIN is not set. */
+static cJSON *segment_stats(const ms_image *img, const char *extra)
+{
+    const char *bin = getenv("MS_BIN");
+    if (!bin || access(bin, X_OK) != 0) return NULL;
+    const char *png = test_path("img.png"), *jl = test_path("s.jsonl");
+    ck_assert(image_write_rgb(png, img->rgb, img->w, img->h) == MS_OK);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "'%s' segment '%s' --model '%s' --device cpu --threads 2 -q %s --stats '%s'", bin,
+             png, fixture_path(MODEL), extra, jl);
+    ck_assert_int_eq(system(cmd), 0);
+    size_t n = 0;
+    char *text = (char *)read_bytes(jl, &n);
+    text[n] = '\0'; /* the spare byte */
+    ck_assert_msg(n > 0 && text[n - 1] == '\n' && strchr(text, '\n') == text + n - 1, "one line per image");
+    cJSON *root = cJSON_Parse(text);
+    ck_assert_ptr_nonnull(root);
+    free(text);
+    return root;
+}
+
 START_TEST(test_stats_from_dump)
 {
     ms_engine *e = open_engine();
@@ -285,20 +307,10 @@ START_TEST(test_stats_from_dump)
     ck_assert_int_eq(by_f, changed);
 
     /* segment --stats writes the same numbers ($MS_BIN: the program) */
-    const char *bin = getenv("MS_BIN");
-    if (bin && access(bin, X_OK) == 0) {
-        const char *png = test_path("img.png"), *jl = test_path("s.jsonl");
-        ck_assert(image_write_rgb(png, img.rgb, IW, IH) == MS_OK);
+    cJSON *root = segment_stats(&img, "");
+    if (root) {
+        const char *bin = getenv("MS_BIN"), *png = test_path("img.png"); /* segment_stats wrote it */
         char cmd[2048];
-        snprintf(cmd, sizeof cmd, "'%s' segment '%s' --model '%s' --device cpu --threads 2 -q --stats '%s'", bin,
-                 png, fixture_path(MODEL), jl);
-        ck_assert_int_eq(system(cmd), 0);
-        size_t n = 0;
-        char *text = (char *)read_bytes(jl, &n);
-        text[n] = '\0'; /* the spare byte */
-        ck_assert_msg(n > 0 && text[n - 1] == '\n' && strchr(text, '\n') == text + n - 1, "one line per image");
-        cJSON *root = cJSON_Parse(text);
-        ck_assert_ptr_nonnull(root);
         cJSON *layers = cJSON_GetObjectItem(root, "layers");
         ck_assert_int_eq(cJSON_GetArraySize(layers), mr.depth);
         for (int l = 0; l < mr.depth; l++) {
@@ -315,7 +327,6 @@ START_TEST(test_stats_from_dump)
         cJSON *vf = cJSON_GetObjectItem(root, "vs_full");
         ck_assert_int_eq((int64_t)cJSON_GetObjectItem(vf, "changed")->valuedouble, changed);
         cJSON_Delete(root);
-        free(text);
         /* refused: a full-attention run (nothing to compare), the file onto an
          * input, with --tile; each exit 2 and the input untouched */
         const char *bad[] = {"--attention full --stats '%s'", "--stats '%s'", "--tile 32 --stats '%s'"};
@@ -451,20 +462,8 @@ START_TEST(test_compare_at_shown_working_size)
     ck_assert(st.have_full && st.have_blocks);
     for (int l = 0; l < st.depth; l++) ck_assert(isfinite(st.block_diff[l]));
     /* segment --stats compares the same two runs ($MS_BIN: the program) */
-    const char *bin = getenv("MS_BIN");
-    if (bin && access(bin, X_OK) == 0) {
-        const char *png = test_path("img.png"), *jl = test_path("s.jsonl");
-        ck_assert(image_write_rgb(png, img.rgb, IW, IH) == MS_OK);
-        char cmd[2048];
-        snprintf(cmd, sizeof cmd,
-                 "'%s' segment '%s' --model '%s' --device cpu --threads 2 -q --short-side 96 --tta flip "
-                 "--stats '%s'", bin, png, fixture_path(MODEL), jl);
-        ck_assert_int_eq(system(cmd), 0);
-        size_t len = 0;
-        char *text = (char *)read_bytes(jl, &len);
-        text[len] = '\0'; /* the spare byte */
-        cJSON *root = cJSON_Parse(text);
-        ck_assert_ptr_nonnull(root);
+    cJSON *root = segment_stats(&img, "--short-side 96 --tta flip");
+    if (root) {
         char size[32], grid[32];
         snprintf(size, sizeof size, "%dx%d", mr.rw, mr.rh);
         snprintf(grid, sizeof grid, "%dx%d", mr.wp, mr.hp);
@@ -482,7 +481,6 @@ START_TEST(test_compare_at_shown_working_size)
         cJSON *vf = cJSON_GetObjectItem(root, "vs_full");
         ck_assert_int_eq((int64_t)cJSON_GetObjectItem(vf, "changed")->valuedouble, st.changed);
         cJSON_Delete(root);
-        free(text);
     }
     /* a sweep point: MiTA at its budget, the shown run's size and TTA */
     ms_sweep_point p[MS_SWEEP_MAX];
