@@ -110,6 +110,8 @@ class TestConfigBase(unittest.TestCase):
                 "crop240-skips-paste-dp01-seed1": ("-crop240-skips-paste-dp01", {"seed"}),
                 "crop240-skips-paste-ld075": ("-crop240-skips-paste", {"layer_decay"}),
                 "crop240-skips-paste-cutmix": ("-crop240-skips-paste", {"cutmix"}),
+                "crop240-skips-paste-nojitter": ("-crop240-skips-paste", {"photometric", "blur"}),
+                "crop240-skips-paste-nojitter-seed1": ("-crop240-skips-paste-nojitter", {"seed"}),
                 "crop240-skips-paste": ("-crop240-skips", {"copy_paste"}),
                 "crop240-skips-paste-seed1": ("-crop240-skips-paste", {"seed"}),
                 "skips-paste": ("-skips", {"copy_paste"})}
