@@ -112,6 +112,8 @@ class TestConfigBase(unittest.TestCase):
                 "crop240-skips-paste-cutmix": ("-crop240-skips-paste", {"cutmix"}),
                 "crop240-skips-paste-nojitter": ("-crop240-skips-paste", {"photometric", "blur"}),
                 "crop240-skips-paste-nojitter-seed1": ("-crop240-skips-paste-nojitter", {"seed"}),
+                "crop240-skips-paste-noema": ("-crop240-skips-paste", {"ema"}),
+                "crop240-skips-paste-noema-seed1": ("-crop240-skips-paste-noema", {"seed"}),
                 "crop240-skips-paste": ("-crop240-skips", {"copy_paste"}),
                 "crop240-skips-paste-seed1": ("-crop240-skips-paste", {"seed"}),
                 "skips-paste": ("-skips", {"copy_paste"})}
