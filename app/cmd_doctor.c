@@ -16,6 +16,7 @@
 #endif
 
 #include "cli.h"
+#include "kernels/cpu_features.h"
 #include "kernels/cpu_path.h"
 #include "selftest.h"
 #ifdef MS_HAVE_CUDA
@@ -105,11 +106,19 @@ static void print_cpu(void)
     /* gemm_cpu makes OpenBLAS single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
     printf("openblas: %s; core %s", openblas_get_config(), openblas_get_corename());
-    /* a core named in the environment wins over OpenBLAS's own choice (on
-     * an AVX-512 CPU, Haswell's kernels run at half its sgemm rate) */
+    /* who chose the core: the user (OPENBLAS_CORETYPE), mitaseg for this
+     * CPU's instruction set (app/omp_env/omp_env.c) or OpenBLAS from its
+     * table of CPU models */
     const char *core = getenv("OPENBLAS_CORETYPE");
+    const char *chosen = getenv("MS_OPENBLAS_CORE_CHOSEN");
     bool core_env = core && *core;
-    if (core_env) printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
+    if (core_env && chosen && !strcmp(chosen, core))
+        printf(" (chosen by mitaseg for this CPU's instruction set: OPENBLAS_CORETYPE=%s; "
+               "MS_OPENBLAS_CORE=openblas leaves it to OpenBLAS)", core);
+    else if (core_env)
+        printf(" (chosen by OPENBLAS_CORETYPE=%s in the environment)", core);
+    else
+        printf(" (chosen by OpenBLAS)");
     printf("\n");
     /* x86-64-v4's AVX-512 subsets are what OpenBLAS's AVX-512 cores
      * (SkylakeX and its successors) need; its other cores run AVX2 kernels
@@ -117,10 +126,11 @@ static void print_cpu(void)
     const char *name = openblas_get_corename();
     if (cpu_path_supported(MS_CPU_PATH_V4) && strcasecmp(name, "SkylakeX") &&
         strcasecmp(name, "Cooperlake") && strcasecmp(name, "SapphireRapids"))
-        printf("openblas note: this CPU runs AVX-512 but OpenBLAS runs %s's kernels; "
-               "OPENBLAS_CORETYPE=SkylakeX%s runs its AVX-512 ones (sgemm about 1.9x on the "
-               "README's benchmark machine)\n",
-               name, core_env ? " (or unset, where OpenBLAS knows this CPU)" : "");
+        printf("openblas note: this CPU runs AVX-512 but OpenBLAS runs %s's kernels, at half "
+               "its sgemm rate or less; OPENBLAS_CORETYPE=%s runs its AVX-512 ones%s\n",
+               name, cpu_features_openblas_core(),
+               core_env ? " (or unset it: mitaseg then asks for them)"
+                        : " (mitaseg asks for them unless MS_OPENBLAS_CORE=openblas)");
     /* OpenBLAS's own pool: app/omp_env/omp_env.c asks for none. No parallel
      * region has run yet, so the process's other threads are the pool's. */
     const char *nt = getenv("OPENBLAS_NUM_THREADS");

@@ -42,8 +42,35 @@ if [ -n "${OPENBLAS_CORETYPE:-}" ]; then
     check "doctor: names OPENBLAS_CORETYPE's choice" \
         grep -Fq "(chosen by OPENBLAS_CORETYPE=$OPENBLAS_CORETYPE in the environment)" "$T/out"
 else
-    check "doctor: no OPENBLAS_CORETYPE, no note" bash -c "! grep -q 'chosen by OPENBLAS_CORETYPE' '$T/out'"
+    check "doctor: no OPENBLAS_CORETYPE in the environment, none named" \
+        bash -c "! grep -q 'chosen by OPENBLAS_CORETYPE' '$T/out'"
 fi
+# With no core named, mitaseg asks OpenBLAS for the one for this CPU's
+# instruction set (app/omp_env/omp_env.c; OpenBLAS's own table falls back to
+# its oldest kernels on a CPU model newer than its build). Facts only
+# (--no-selftest): no GEMM runs without the machine's OPENBLAS_CORETYPE.
+vendor=$(grep -m1 '^vendor_id' /proc/cpuinfo 2>/dev/null | awk '{print $3}')
+want_core=""
+if [ "$best" = v4 ]; then
+    want_core=SkylakeX
+    has avx512_bf16 && want_core=Cooperlake
+elif [ "$best" = v3 ]; then
+    want_core=Haswell
+    [ "$vendor" = AuthenticAMD ] && want_core=Zen
+fi
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE "$BIN" doctor --no-selftest >"$T/out_auto" 2>&1
+if [ -n "$want_core" ]; then
+    check "doctor: mitaseg asks for OpenBLAS's $want_core kernels and says so" \
+        grep -Eq "^openblas: .*; core $want_core \(chosen by mitaseg for this CPU's instruction set: OPENBLAS_CORETYPE=$want_core; MS_OPENBLAS_CORE=openblas leaves it to OpenBLAS\)" "$T/out_auto"
+    check "doctor: OpenBLAS's kernels fit the CPU, no note" bash -c "! grep -q '^openblas note' '$T/out_auto'"
+else
+    check "doctor: no core for this CPU, OpenBLAS chose" \
+        grep -Eq '^openblas: .*\(chosen by OpenBLAS\)' "$T/out_auto"
+fi
+env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE MS_OPENBLAS_CORE=openblas "$BIN" doctor --no-selftest \
+    >"$T/out_own" 2>&1
+check "doctor: MS_OPENBLAS_CORE=openblas leaves the choice to OpenBLAS" \
+    bash -c "grep -Eq '^openblas: .*\(chosen by OpenBLAS\)$' '$T/out_own' && ! grep -q 'chosen by mitaseg' '$T/out_own'"
 # On an AVX-512 CPU, a core without AVX-512 kernels gets a note naming the
 # one that has them; OpenBLAS's AVX-512 core gets none.
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
@@ -54,7 +81,7 @@ done
 OPENBLAS_CORETYPE=Haswell "$BIN" doctor --no-selftest >"$T/out_hsw" 2>&1
 if [ $avx512 = 1 ]; then
     check "doctor: Haswell's kernels on an AVX-512 CPU are noted" \
-        grep -q "^openblas note: this CPU runs AVX-512 but OpenBLAS runs Haswell's kernels; OPENBLAS_CORETYPE=SkylakeX (or unset" "$T/out_hsw"
+        grep -q "^openblas note: this CPU runs AVX-512 but OpenBLAS runs Haswell's kernels, at half its sgemm rate or less; OPENBLAS_CORETYPE=$want_core runs its AVX-512 ones (or unset it" "$T/out_hsw"
     OPENBLAS_CORETYPE=SkylakeX "$BIN" doctor --no-selftest >"$T/out_skx" 2>&1
     check "doctor: OpenBLAS's AVX-512 kernels, no note" \
         bash -c "grep -q 'core SkylakeX' '$T/out_skx' && ! grep -q '^openblas note' '$T/out_skx'"

@@ -1,5 +1,5 @@
-/* libgomp's wait policy and OpenBLAS's thread count, chosen before those
- * libraries read them. Each reads its variables once, in its own
+/* libgomp's wait policy, OpenBLAS's thread count and OpenBLAS's kernels,
+ * chosen before those libraries read them. Each reads its variables once, in its own
  * constructor, before main runs (and libc resets the environment after the
  * executable's .preinit_array, so that is too early). This one-function
  * shared object is linked right after libgomp and libopenblas: the loader
@@ -12,6 +12,15 @@
  * image needs (one CamVid image on the 2-core machine, `segment --threads
  * 2`, 8 runs: 195-230 ms with the pool, 161-199 ms without). So
  * OPENBLAS_NUM_THREADS=1 unless the user set it: no pool.
+ *
+ * OpenBLAS's kernels: it picks them from a table of CPU models, and a CPU
+ * newer than its build gets its oldest x86-64 ones (Debian's 0.3.21 on a
+ * Xeon of family 6 model 207 with AVX-512: Prescott's, the CamVid model
+ * 3.5-4x slower end to end). So OPENBLAS_CORETYPE is set to the core for
+ * the CPU's instruction set (cpu_features_openblas_core; where OpenBLAS
+ * knows the CPU, the core it would pick itself), unless the user named one
+ * or MS_OPENBLAS_CORE=openblas leaves the choice to OpenBLAS.
+ * MS_OPENBLAS_CORE_CHOSEN records the choice for `mitaseg doctor`.
  *
  * Why it matters: libgomp's default (spin for a long while, then sleep)
  * steals the cores the next parallel loop needs on a busy machine (8
@@ -29,6 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu_features.h"
+
 /* Other runnable tasks on the machine right now, or -1 if unknown. */
 static int omp_env_others_running(void)
 {
@@ -44,6 +55,12 @@ static int omp_env_others_running(void)
 __attribute__((constructor)) static void omp_env_set_wait_policy(void)
 {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    const char *core_want = getenv("MS_OPENBLAS_CORE");
+    const char *core = cpu_features_openblas_core();
+    if (core && !getenv("OPENBLAS_CORETYPE") && !(core_want && !strcmp(core_want, "openblas"))) {
+        setenv("OPENBLAS_CORETYPE", core, 1);
+        setenv("MS_OPENBLAS_CORE_CHOSEN", core, 1);
+    }
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
     const char *want = getenv("MS_OMP_WAIT");
     int spin;
