@@ -1,7 +1,7 @@
 /* libgomp's wait policy, OpenBLAS's thread count and OpenBLAS's kernels,
- * chosen before those libraries read them. Each reads its variables once, in its own
- * constructor, before main runs (and libc resets the environment after the
- * executable's .preinit_array, so that is too early). This one-function
+ * chosen before those libraries read them. Each reads its variables once,
+ * in its own constructor, before main runs (and libc resets the environment
+ * after the executable's .preinit_array, so that is too early). This one-function
  * shared object is linked right after libgomp and libopenblas: the loader
  * runs the constructors of independent libraries in reverse order of the
  * executable's NEEDED list, so this runs after libc's and before theirs.
@@ -16,7 +16,7 @@
  * OpenBLAS's kernels: it picks them from a table of CPU models, and a CPU
  * newer than its build gets its oldest x86-64 ones (Debian's 0.3.21 on a
  * Xeon of family 6 model 207 with AVX-512: Prescott's, the CamVid model
- * 3.5-4x slower end to end). So OPENBLAS_CORETYPE is set to the core for
+ * 2.8-3.5x slower end to end). So OPENBLAS_CORETYPE is set to the core for
  * the CPU's instruction set (cpu_features_openblas_core; where OpenBLAS
  * knows the CPU, the core it would pick itself), unless the user named one
  * or MS_OPENBLAS_CORE=openblas leaves the choice to OpenBLAS.
@@ -52,7 +52,7 @@ static int omp_env_others_running(void)
     return got == 5 && running >= 1 ? running - 1 : -1;
 }
 
-__attribute__((constructor)) static void omp_env_set_wait_policy(void)
+__attribute__((constructor)) static void omp_env_choose(void)
 {
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     const char *core_want = getenv("MS_OPENBLAS_CORE");
