@@ -95,7 +95,7 @@ static void layer_init(layer *l, int n, int heads, int d, int grid, int topk, in
     fill(l->ga, (size_t)GEMM_SIDE * GEMM_SIDE, 3u);
     fill(l->gb, (size_t)GEMM_SIDE * GEMM_SIDE, 5u);
     size_t a = mita_scratch_bytes(l->hp, l->wp, 0, c, heads, gh, gw, l->k, threads);
-    size_t b = attention_full_scratch_floats(n, MS_ATTN_QB, MS_ATTN_KB, threads) * sizeof(float);
+    size_t b = attention_full_scratch_floats(n, c, MS_ATTN_QB, MS_ATTN_KB, threads) * sizeof(float);
     if (arena_init(&l->arena, (a > b ? a : b) + 4096, MS_DEVICE_CPU) != MS_OK) {
         fprintf(stderr, "bench_mita: %s\n", ms_last_error());
         exit(1);

@@ -1,5 +1,6 @@
 /* Full multi-head attention with a streaming (online) softmax over key
- * blocks: memory O(block), so N = 64K tokens fit. */
+ * blocks: memory O(block), so N = 64K tokens fit (the fused kernel also
+ * holds K^T, as large as K). */
 #ifndef MS_ATTENTION_FULL_H
 #define MS_ATTENTION_FULL_H
 
@@ -11,14 +12,18 @@
  * 2-6 % below 256 x 256; larger query blocks pack K and V fewer times). */
 #define MS_ATTN_QB 512
 #define MS_ATTN_KB 512
+/* The fused kernel's largest key tile (x86-64-v4, attention_simd.h). */
+#define MS_ATTN_FUSED_KB 256
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 /* Floats of scratch for query/key blocks qb, kb and `chunks` threads: per
- * thread a score tile plus each query's running max, sum and rescale. */
-size_t attention_full_scratch_floats(int n, int qb, int kb, int chunks);
+ * thread a score tile plus each query's running max, sum and rescale; or,
+ * for the fused kernel, K^T of every head and per thread 6 rows of a key
+ * tile (the larger of the two). */
+size_t attention_full_scratch_floats(int n, int c, int qb, int kb, int chunks);
 
 /* Threads (at most `chunks`) take (head, query block) items; GEMMs inside run
  * single-threaded. qb is the largest query block: smaller ones are used

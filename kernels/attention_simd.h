@@ -40,6 +40,39 @@ MS_SIMD_DECLARE(void, attn_scale_rows,
                 (float *x /* (rows, cols), row stride ld */, int rows, int cols, long ld,
                  const float *f /* (rows) */));
 
+/* The fused kernel (x86-64-v4 only; attention_full.c uses it where
+ * attn_fused_has says so): whether this path has it for head dim d. */
+MS_SIMD_DECLARE(bool, attn_fused_has, (int d));
+
+/* Keys chunk..chunk+63 of head h, transposed (zeros past n): kt[t][jj]. */
+MS_SIMD_DECLARE(void, attn_pack_kt, (float *kt /* (d, 64) */, const float *qkv /* (n, 3c) */,
+                                     int n, int c, int d, int h, int chunk));
+
+/* Scratch floats of one attn_fused_rows call of nq queries. */
+#define ATTN_FUSED_WS_FLOATS(nq, kb) ((size_t)(nq) * ((size_t)(kb) + 20))
+
+/* Queries [q0, q0+nq) of head h: the online softmax over key tiles of kb
+ * (a multiple of 64), each tile's max exact; kt holds head h's keys as
+ * attn_pack_kt's chunks, one after the other. A row with a NaN or +inf
+ * logit, or only -inf ones, comes out NaN, as the plain softmax's. */
+MS_SIMD_DECLARE(void, attn_fused_rows,
+                (float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
+                 const float *kt /* (ceil(n / 64), d, 64) */, int n, int c, int d, int h, int q0,
+                 int nq, int kb, float *ws /* (ATTN_FUSED_WS_FLOATS(nq, kb)) */));
+
+static inline bool attn_fused_has(int d) { return MS_SIMD_CALL(attn_fused_has, d); }
+
+static inline void attn_pack_kt(float *kt, const float *qkv, int n, int c, int d, int h, int chunk)
+{
+    MS_SIMD_CALL(attn_pack_kt, kt, qkv, n, c, d, h, chunk);
+}
+
+static inline void attn_fused_rows(float *out, const float *qkv, const float *kt, int n, int c,
+                                   int d, int h, int q0, int nq, int kb, float *ws)
+{
+    MS_SIMD_CALL(attn_fused_rows, out, qkv, kt, n, c, d, h, q0, nq, kb, ws);
+}
+
 static inline int attn_tile_softmax(float *tile, int nq, int nk, float *m, float *l, float *corr)
 {
     return MS_SIMD_CALL(attn_tile_softmax, tile, nq, nk, m, l, corr);

@@ -190,7 +190,7 @@ ms_status op_attention_full(ms_backend *be, float *out, const float *qkv, int n,
     int chunks = cpu_chunks(be);
     size_t bytes = be->device == MS_DEVICE_CUDA
                        ? CUDA_BYTES(attention_full_cuda_scratch_bytes(n, c, heads))
-                       : attention_full_scratch_floats(n, MS_ATTN_QB, MS_ATTN_KB, chunks) *
+                       : attention_full_scratch_floats(n, c, MS_ATTN_QB, MS_ATTN_KB, chunks) *
                              sizeof(float);
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));

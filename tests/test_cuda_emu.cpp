@@ -774,7 +774,7 @@ START_TEST(test_emu_attention_full)
         auto got = nans((size_t)n * c), ref = got;
         ok(attention_full_cuda(&be, got.data(), qkv.data(), n, c, heads, NULL),
            "attention_full_cuda");
-        std::vector<float> ws(attention_full_scratch_floats(n, MS_ATTN_QB, MS_ATTN_KB, 1));
+        std::vector<float> ws(attention_full_scratch_floats(n, c, MS_ATTN_QB, MS_ATTN_KB, 1));
         attention_full_cpu(ref.data(), qkv.data(), n, c, heads, MS_ATTN_QB, MS_ATTN_KB, ws.data(),
                            1);
         char what[64];

@@ -628,7 +628,7 @@ START_TEST(test_attention_full)
             ck_assert_int_eq(op_attention_full(&be, out, qkv, n, c, heads), MS_OK);
         } else {
             int qb = cases[cs][3], kb = cases[cs][4];
-            float *ws = falloc(attention_full_scratch_floats(n, qb, kb, 2));
+            float *ws = falloc(attention_full_scratch_floats(n, c, qb, kb, 2));
             attention_full_cpu(out, qkv, n, c, heads, qb, kb, ws, 2);
             ms_free(ws);
         }

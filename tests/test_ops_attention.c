@@ -94,7 +94,7 @@ static float *check_case(const float *qkv, const double *want, double amax, int 
         be.threads = threads;
         ck_assert_int_eq(op_attention_full(&be, out, qkv, n, c, heads), MS_OK);
     } else {
-        float *ws = falloc(attention_full_scratch_floats(n, qb, kb, threads));
+        float *ws = falloc(attention_full_scratch_floats(n, c, qb, kb, threads));
         attention_full_cpu(out, qkv, n, c, heads, qb, kb, ws, threads);
         ms_free(ws);
     }
@@ -154,6 +154,102 @@ START_TEST(test_attention_against_two_pass)
                 }
             }
             ms_free(one);
+        }
+        free(want);
+        ms_free(qkv);
+    }
+    ck_assert_int_eq(cpu_path_set(start), MS_OK);
+}
+END_TEST
+
+/* Non-finite inputs poison exactly what they poison in plain attention: a
+ * NaN in one query's q makes that query's row of its head NaN; +inf in one
+ * key's k makes NaN the rows of the queries whose logit for it is +inf
+ * (inf - inf in the softmax) and leaves the others (logit -inf: weight 0)
+ * finite; a NaN in one key's v makes NaN that column of its head for every
+ * query; a NaN in one key's k, every row of its head (one NaN logit in a row
+ * of numbers). A clamp inside exp or a NaN-dropping max would turn some of these
+ * NaN into numbers, and a stray NaN would leak into clean heads. Every path,
+ * the op's blocks and small explicit ones, against the double reference. */
+START_TEST(test_attention_nonfinite)
+{
+    const struct {
+        int n, d, qb, kb;
+    } cases[] = {
+        {200, 64, 0, 0}, {200, 64, 64, 32}, {200, 32, 0, 0},
+        {97, 128, 0, 0}, {200, 24, 0, 0},   {300, 32, 48, 16},
+    };
+    const int heads = 4;
+    ms_cpu_path start = cpu_path_get();
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        int n = cases[ci].n, d = cases[ci].d, c = d * heads;
+        float *qkv = make_qkv(n, c, INPUT_RANDOM, 1.5f, 700 + (uint32_t)ci);
+        double *want = malloc(sizeof(double) * (size_t)n * c), amax;
+        ck_assert_ptr_nonnull(want);
+        /* small values: a NaN logit that an exp clamp turned into 2^126
+         * must not come out as a number only because its sums overflowed */
+        for (int j = 0; j < n; j++)
+            for (int t = 0; t < c; t++) qkv[(size_t)j * 3 * c + 2 * c + t] *= 1e-3f;
+        two_pass_attention(want, qkv, n, c, heads, &amax); /* the clean logits' scale */
+        int qi = n / 3, kj = n / 2 + 1, vj = n - 2;
+        qkv[(size_t)qi * 3 * c + 0 * d + 5] = NAN;        /* head 0, q */
+        qkv[(size_t)kj * 3 * c + c + 1 * d + 3] = INFINITY; /* head 1, k */
+        qkv[(size_t)vj * 3 * c + 2 * c + 2 * d + 7] = NAN;  /* head 2, v */
+        qkv[(size_t)kj * 3 * c + c + 3 * d + 1] = NAN;      /* head 3, k: NaN among numbers */
+        two_pass_attention(want, qkv, n, c, heads, &(double){0});
+        size_t nan_want = 0;
+        for (size_t i = 0; i < (size_t)n * c; i++) nan_want += isnan(want[i]) != 0;
+        /* the cases must cover each kind: the NaN query row, the column of
+         * the NaN value, and head 1 with both NaN rows and finite rows */
+        int h1_nan = 0, h1_fin = 0;
+        for (int i = 0; i < n; i++) {
+            if (isnan(want[(size_t)i * c + d])) h1_nan++; else h1_fin++;
+        }
+        ck_assert(isnan(want[(size_t)qi * c + 0]) && isnan(want[(size_t)0 * c + 2 * d + 7]) &&
+                  isnan(want[(size_t)1 * c + 3 * d + 9]) && !isnan(want[(size_t)1 * c + 2 * d]));
+        ck_assert_msg(h1_nan > 0 && h1_fin > 0, "head 1: %d NaN rows, %d finite", h1_nan, h1_fin);
+        double vmax = 0;
+        for (int j = 0; j < n; j++)
+            for (int t = 0; t < c; t++) {
+                float v = qkv[(size_t)j * 3 * c + 2 * c + t];
+                if (isfinite(v)) vmax = fmax(vmax, fabs(v));
+            }
+        double tol = (2e-6 + 2e-7 * amax) * (1.0 + vmax);
+        for (int pi = 0; pi < cpu_path_count(); pi++) {
+            ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
+            for (int threads = 1; threads <= 2; threads++) {
+                float *out = falloc((size_t)n * c);
+                if (cases[ci].qb == 0) {
+                    ms_backend be;
+                    memset(&be, 0, sizeof be);
+                    be.device = MS_DEVICE_CPU;
+                    be.threads = threads;
+                    ck_assert_int_eq(op_attention_full(&be, out, qkv, n, c, heads), MS_OK);
+                } else {
+                    float *ws = falloc(attention_full_scratch_floats(n, c, cases[ci].qb,
+                                                                     cases[ci].kb, threads));
+                    attention_full_cpu(out, qkv, n, c, heads, cases[ci].qb, cases[ci].kb, ws,
+                                       threads);
+                    ms_free(ws);
+                }
+                size_t wrong_nan = 0, first = (size_t)-1;
+                double err = 0;
+                for (size_t i = 0; i < (size_t)n * c; i++) {
+                    if ((isnan(out[i]) != 0) != (isnan(want[i]) != 0)) {
+                        if (!wrong_nan++) first = i;
+                    } else if (!isnan(want[i])) {
+                        err = isfinite(out[i]) ? fmax(err, fabs(out[i] - want[i])) : INFINITY;
+                    }
+                }
+                ck_assert_msg(wrong_nan == 0, "path %s, n %d d %d qb %d kb %d threads %d: %zu of "
+                              "%zu NaN wrong, first at query %zu channel %zu (want %g, got %g)",
+                              cpu_path_name(cpu_path_get()), n, d, cases[ci].qb, cases[ci].kb,
+                              threads, wrong_nan, nan_want, first / (size_t)c, first % (size_t)c,
+                              want[first], out[first]);
+                ck_assert_msg(err <= tol, "path %s, n %d d %d: max error %.3g > %.3g",
+                              cpu_path_name(cpu_path_get()), n, d, err, tol);
+                ms_free(out);
+            }
         }
         free(want);
         ms_free(qkv);
@@ -293,6 +389,7 @@ int main(void)
     tcase_add_test(tc, test_exp2_accuracy);
     tcase_add_test(tc, test_tile_softmax_rows);
     tcase_add_test(tc, test_attention_against_two_pass);
+    tcase_add_test(tc, test_attention_nonfinite);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
