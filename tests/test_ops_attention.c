@@ -79,14 +79,11 @@ static float *make_qkv(int n, int c, int kind, float scale, uint32_t seed)
     return qkv;
 }
 
-/* Runs attention_full_cpu (qb, kb > 0) or op_attention_full (qb = 0) with
- * `threads` and checks it against the two-pass reference; returns the
- * output (ms_free). */
-static float *check_case(const float *qkv, const double *want, double amax, int n, int c, int heads,
-                       int qb, int kb, int threads, const char *what)
+/* out = attention_full_cpu with blocks qb, kb (> 0) or op_attention_full
+ * (qb = 0), on `threads`. */
+static void run_attention(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int n, int c,
+                          int heads, int qb, int kb, int threads)
 {
-    float *out = falloc((size_t)n * c);
-    for (size_t i = 0; i < (size_t)n * c; i++) out[i] = NAN; /* every output must be written */
     if (qb == 0) {
         ms_backend be;
         memset(&be, 0, sizeof be);
@@ -98,6 +95,16 @@ static float *check_case(const float *qkv, const double *want, double amax, int 
         attention_full_cpu(out, qkv, n, c, heads, qb, kb, ws, threads);
         ms_free(ws);
     }
+}
+
+/* run_attention checked against the two-pass reference; returns the
+ * output (ms_free). */
+static float *check_case(const float *qkv, const double *want, double amax, int n, int c, int heads,
+                       int qb, int kb, int threads, const char *what)
+{
+    float *out = falloc((size_t)n * c);
+    for (size_t i = 0; i < (size_t)n * c; i++) out[i] = NAN; /* every output must be written */
+    run_attention(out, qkv, n, c, heads, qb, kb, threads);
     double vmax = 0, err = 0;
     for (int j = 0; j < n; j++)
         for (int t = 0; t < c; t++) vmax = fmax(vmax, fabs(qkv[(size_t)j * 3 * c + 2 * c + t]));
@@ -219,19 +226,7 @@ START_TEST(test_attention_nonfinite)
             ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
             for (int threads = 1; threads <= 2; threads++) {
                 float *out = falloc((size_t)n * c);
-                if (cases[ci].qb == 0) {
-                    ms_backend be;
-                    memset(&be, 0, sizeof be);
-                    be.device = MS_DEVICE_CPU;
-                    be.threads = threads;
-                    ck_assert_int_eq(op_attention_full(&be, out, qkv, n, c, heads), MS_OK);
-                } else {
-                    float *ws = falloc(attention_full_scratch_floats(n, c, cases[ci].qb,
-                                                                     cases[ci].kb, threads));
-                    attention_full_cpu(out, qkv, n, c, heads, cases[ci].qb, cases[ci].kb, ws,
-                                       threads);
-                    ms_free(ws);
-                }
+                run_attention(out, qkv, n, c, heads, cases[ci].qb, cases[ci].kb, threads);
                 size_t wrong_nan = 0, first = (size_t)-1;
                 double err = 0;
                 for (size_t i = 0; i < (size_t)n * c; i++) {
