@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "kernels/cpu_features.h"
 #include "kernels/cpu_path.h"
+#include "kernels/gemm.h"
 #include "selftest.h"
 #ifdef MS_HAVE_CUDA
 #include "kernels/cuda_ctx.h"
@@ -103,8 +104,9 @@ static void print_cpu(void)
            path + 1 < MS_CPU_PATH_COUNT && cpu_path_supported((ms_cpu_path)(path + 1))
                ? "; a faster one runs here: MS_CPU_PATH asked for this one"
                : "");
-    /* gemm_cpu makes OpenBLAS single-threaded and splits products over
+    /* gemm_cpu makes the library single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
+    printf("gemm: %s (%s)\n", gemm_lib_name(gemm_lib_get()), gemm_lib_why());
     printf("openblas: %s; core %s", openblas_get_config(), openblas_get_corename());
     /* who chose the core: the user (OPENBLAS_CORETYPE), mitaseg for this
      * CPU's instruction set (app/omp_env/omp_env.c) or OpenBLAS from its

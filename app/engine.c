@@ -16,6 +16,7 @@
 #include "backbone/vit.h"
 #include "decoder/decoder.h"
 #include "kernels/elementwise.h" /* slide_windows, slide_start */
+#include "kernels/gemm.h"      /* gemm_warm_begin */
 #include "kernels/pool.h"
 #include "image_resize.h"
 #include "model_file.h"
@@ -453,7 +454,10 @@ ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_o
     e->cfg = model_file_config(e->mf);
     backend_set_threads(&e->be, opt->threads);
     e->max_memory = opt->max_memory ? opt->max_memory : engine_default_memory_budget();
+    pthread_t warm;
+    bool warming = gemm_warm_begin(&warm); /* while the weights load */
     st = engine_load(e);
+    if (warming) gemm_warm_end(warm);
     if (st == MS_OK) st = engine_setup_device(e, opt);
 #ifdef MS_HAVE_CUDA
     if (st == MS_OK && e->device == MS_DEV_CUDA) {

@@ -38,13 +38,16 @@ void linear_cpu(float *out, const float *in, const float *w, const float *b, int
     /* One slab of rows per thread, cut where gemm_split_at says (results
      * independent of the split); small products run as one call, as
      * gemm_cpu does. */
-    if (threads <= 1 || (double)n * cout * cin < 1e6 || gemm_split_at(n, 1, threads) >= n) {
+    int min_part = gemm_min_part((double)cout * cin);
+    if (threads <= 1 || (double)n * cout * cin <= 1e6 ||
+        gemm_split_at(n, 1, threads, min_part) >= n) {
         linear_rows(out, in, w, b, 0, n, cin, cout, act, residual);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int s = 0; s < threads; s++) {
-        int r0 = gemm_split_at(n, s, threads), r1 = gemm_split_at(n, s + 1, threads);
+        int r0 = gemm_split_at(n, s, threads, min_part);
+        int r1 = gemm_split_at(n, s + 1, threads, min_part);
         if (r1 > r0) linear_rows(out, in, w, b, r0, r1, cin, cout, act, residual);
     }
 }

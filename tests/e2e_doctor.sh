@@ -35,6 +35,21 @@ if [ "$best" = v4 ]; then
         grep -q '^cpu kernels: v3 path (x86-64-v3: AVX2, FMA); a faster one runs here' "$T/out_v3"
 fi
 check "doctor: OpenBLAS build" grep -Eq '^openblas: OpenBLAS [0-9]' "$T/out"
+# the GEMM library: oneDNN on AVX-512 where libdnnl is installed, else
+# OpenBLAS with the reason; MS_GEMM=openblas asks for OpenBLAS
+dnnl=no
+ldc=$(command -v ldconfig || echo /sbin/ldconfig)
+"$ldc" -p 2>/dev/null | grep -Eq '[[:space:]]libdnnl\.so\.[23] ' && dnnl=yes
+if [ "$best" = v4 ] && [ "$dnnl" = yes ] && [ -z "${MS_GEMM:-}" ]; then
+    check "doctor: oneDNN for the GEMMs on this AVX-512 CPU" \
+        grep -Eq '^gemm: onednn \(libdnnl\.so\.[23], AVX-512 kernels; MS_GEMM=openblas for OpenBLAS\)$' "$T/out"
+elif [ -z "${MS_GEMM:-}" ]; then
+    check "doctor: OpenBLAS for the GEMMs, and why ($best, oneDNN installed: $dnnl)" \
+        grep -Eq '^gemm: openblas \((no AVX-512 here|oneDNN not found)' "$T/out"
+fi
+MS_GEMM=openblas "$BIN" doctor --no-selftest >"$T/out_gemm" 2>&1
+check "doctor: MS_GEMM=openblas takes OpenBLAS and says so" \
+    grep -q '^gemm: openblas (MS_GEMM=openblas)$' "$T/out_gemm"
 # a core named by OPENBLAS_CORETYPE is said to be (the environment as it
 # is: tests leave it alone, since some machines set it because older
 # OpenBLAS builds fail on their CPU)

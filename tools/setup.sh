@@ -11,7 +11,8 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
-      libsdl2-dev libsdl2-ttf-dev libx11-dev fonts-dejavu-core)
+      libsdl2-dev libsdl2-ttf-dev libx11-dev fonts-dejavu-core
+      libdnnl2) # oneDNN: the large GEMMs on AVX-512 CPUs, loaded at run time (kernels/gemm.h)
 if [ "${1:-}" = "--dev" ]; then
   pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
          slurmctld slurmd slurm-client munge parallel
