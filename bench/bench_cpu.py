@@ -167,11 +167,12 @@ def worker_ort(args):
 class Worker:
     """One contender's process, asked one line at a time."""
 
-    def __init__(self, key, cmd, log_path):
+    def __init__(self, key, cmd, log_path, env=None):
         self.key, self.cmd, self.log_path = key, cmd, log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True, bufsize=1)
+                                     stderr=self.log, text=True, bufsize=1,
+                                     env=dict(os.environ, **env) if env else None)
         self.info = self._read()
         self.times = []
 
@@ -350,9 +351,11 @@ def run_case(args, tmp, case, attention, ort_py):
     title, model, size, png, npy = case
     me = [sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
           "--image", npy]
-    specs = [("mitaseg", [os.path.join(args.build, "bench_engine"), "--model", model,
-                          "--image", png, "--threads", str(args.threads),
-                          "--attention", attention, "--serve"])]
+    engine = [os.path.join(args.build, "bench_engine"), "--model", model, "--image", png,
+              "--threads", str(args.threads), "--attention", attention, "--serve"]
+    specs = [("mitaseg", engine)]
+    if args.gemm_both:   # the same engine on the other GEMM library, in the same rounds
+        specs.append(("mitaseg-openblas", engine, {"MS_GEMM": "openblas"}))
     for i, py in enumerate(args.torch_python):
         specs.append(("torch%d" % i, [py] + me[1:] + ["--worker", "torch", "--model", model,
                                                         "--attention", attention]))
@@ -366,8 +369,12 @@ def run_case(args, tmp, case, attention, ort_py):
             skipped.append("ONNX Runtime: %s" % e)
     workers = []
     try:
-        for key, cmd in specs:
-            workers.append(Worker(key, cmd, os.path.join(tmp, "%s-%s.log" % (key, attention))))
+        for key, cmd, *env in specs:
+            workers.append(Worker(key, cmd, os.path.join(tmp, "%s-%s.log" % (key, attention)),
+                                  env[0] if env else None))
+        if args.gemm_both and workers[0].info.get("gemm") == "openblas":
+            raise RuntimeError("--gemm-both: the engine runs OpenBLAS already (%s doctor says why)"
+                               % os.path.join(args.build, "mitaseg"))
         for r in range(args.rounds + 1):   # round 0: warm-up, not counted
             k = r % len(workers)
             for w in workers[k:] + workers[:k]:
@@ -377,15 +384,17 @@ def run_case(args, tmp, case, attention, ort_py):
                 time.sleep(args.gap)
         outputs = {}
         for w in workers:
-            path = os.path.join(tmp, "%s-%s.%s" % (w.key, attention,
-                                                   "safetensors" if w.key == "mitaseg" else "npz"))
+            path = os.path.join(tmp, "%s-%s.%s" % (w.key, attention, "safetensors"
+                                                   if w.key.startswith("mitaseg") else "npz"))
             w.ask("dump " + path)
             outputs[w.key] = load_output(path)
         rows = []
         base = workers[0]
         for w in workers:
             err, agree = compare(outputs[w.key], outputs["mitaseg"])
-            rows.append({"contender": "mitaseg" if w is base else w.info["name"],
+            name = {"mitaseg": "mitaseg",
+                    "mitaseg-openblas": "mitaseg, MS_GEMM=openblas"}.get(w.key) or w.info["name"]
+            rows.append({"contender": name,
                          "min_ms": min(w.times), "median_ms": statistics.median(w.times),
                          "times_ms": w.times, "peak_rss_mb": w.peak_rss_mb(),
                          "rel_error": err if w is not base else 0.0,
@@ -426,6 +435,8 @@ def main():
     add_openblas_env_arg(ap)
     ap.add_argument("--attention", default="mita,full")
     ap.add_argument("--no-ort", action="store_true", help="leave ONNX Runtime out")
+    ap.add_argument("--gemm-both", action="store_true",
+                    help="also the engine with MS_GEMM=openblas, where it runs oneDNN")
     ap.add_argument("--torch-python", action="append", default=None,
                     help="python with the PyTorch to run (repeatable; default /usr/bin/python3)")
     ap.add_argument("--model", default=None, help="run this model file instead of the standard two")
@@ -498,10 +509,12 @@ def main():
         for _, rows in c["results"]:
             for r in rows:
                 info = r["info"]
-                if "openblas" in info:
-                    libs["mitaseg"] = "mitaseg %s (%s build, %s CPU kernels; %s)" % (
+                if r["contender"] == "mitaseg":
+                    libs["mitaseg"] = "mitaseg %s (%s build, %s CPU kernels; %s; GEMMs by %s)" % (
                         report["mitaseg"], "CUDA-enabled" if info["cuda_linked"] else "CPU-only",
-                        info.get("cpu_path", "?"), info["openblas"])
+                        info.get("cpu_path", "?"), info["openblas"], info.get("gemm", "?"))
+                elif r["contender"].startswith("mitaseg"):
+                    pass
                 elif r["contender"].startswith("ONNX"):
                     libs[r["contender"]] = "%s (CPU EP, intra-op %d, inter-op 1, all graph " \
                         "optimisations; opset 17 export)" % (r["contender"], args.threads)

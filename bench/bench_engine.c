@@ -18,6 +18,7 @@
 
 #include "app/engine.h"
 #include "kernels/cpu_path.h"
+#include "kernels/gemm.h"
 
 static double now_ms(void)
 {
@@ -54,8 +55,9 @@ static int serve(ms_engine *e, ms_result *res, const ms_image *img, const ms_run
     const char *cuda = "false";
 #endif
     printf("{\"ready\": true, \"openblas\": \"%s\", \"core\": \"%s\", \"cuda_linked\": %s, "
-           "\"cpu_path\": \"%s\"}\n",
-           openblas_get_config(), openblas_get_corename(), cuda, cpu_path_name(cpu_path_get()));
+           "\"cpu_path\": \"%s\", \"gemm\": \"%s\"}\n",
+           openblas_get_config(), openblas_get_corename(), cuda, cpu_path_name(cpu_path_get()),
+           gemm_lib_name(gemm_lib_get()));
     fflush(stdout);
     char line[4096];
     while (fgets(line, sizeof line, stdin)) {

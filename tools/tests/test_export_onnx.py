@@ -175,9 +175,40 @@ class ExportOnnxTest(unittest.TestCase):
         self.assertIn("| full | mitaseg |", r.stdout)
         # the header names the CPU kernels the engine ran (kernels/cpu_path.h)
         self.assertRegex(r.stdout, r"Versions: mitaseg \S+ \((CUDA-enabled|CPU-only) build, "
-                                   r"(base|v3|v4) CPU kernels; OpenBLAS")
+                                   r"(base|v3|v4) CPU kernels; OpenBLAS [^;]*; GEMMs by "
+                                   r"(onednn|openblas)\)")
         self.assertIn(report["openblas_env"], r.stdout)
         self.assertRegex(report["openblas_env"], r"^OpenBLAS: (no OPENBLAS_CORETYPE|.* kept)")
+
+    def test_bench_gemm_both(self):
+        """--gemm-both: the engine on its GEMM library and with MS_GEMM=openblas
+        in the same rounds, the same results; refused where it runs OpenBLAS
+        already (no AVX-512 or no libdnnl: kernels/gemm.h)."""
+        if not os.access(os.path.join(BUILD, "bench_engine"), os.X_OK):
+            self.skipTest("build/bench_engine not built")
+        doctor = subprocess.run([os.path.join(BUILD, "mitaseg"), "doctor", "--no-selftest"],
+                                capture_output=True, text=True, timeout=60).stdout
+        out = os.path.join(self.tmp.name, "bench.json")
+        r = subprocess.run(["/usr/bin/python3", os.path.join(REPO_DIR, "bench", "bench_cpu.py"),
+                            "--build", BUILD, "--model", TINY, "--size", "%dx%d" % (W, H),
+                            "--rounds", "1", "--threads", "1", "--gap", "0", "--json", out,
+                            "--attention", "full", "--no-ort", "--gemm-both",
+                            "--openblas-env", "keep"], capture_output=True, text=True, timeout=600)
+        if "\ngemm: onednn" not in "\n" + doctor:
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("--gemm-both: the engine runs OpenBLAS already", r.stderr)
+            return
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            (case,) = json.load(f)["cases"]
+        ((_, rows),) = case["results"]
+        self.assertEqual([row["contender"] for row in rows[:2]],
+                         ["mitaseg", "mitaseg, MS_GEMM=openblas"])
+        self.assertEqual(rows[0]["info"]["gemm"], "onednn")
+        self.assertEqual(rows[1]["info"]["gemm"], "openblas")
+        self.assertLess(rows[1]["rel_error"], 1e-5)
+        self.assertEqual(rows[1]["mask_equal_pct"], 100.0)
+        self.assertIn("GEMMs by onednn", r.stdout)
 
     def test_bench_openblas_env(self):
         """--openblas-env native unsets both variables for the workers, keep
