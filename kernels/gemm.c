@@ -144,11 +144,15 @@ static void gemm_one(float *c, const float *a, const float *b, int m, int n, int
         int outer = omp_in_parallel() ? 0 : omp_get_max_threads();
         if (outer > 1) omp_set_num_threads(1); /* this thread's setting only */
 #endif
-        gemm_dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        int st = gemm_dnnl(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta,
+                           c, ldc);
 #ifdef _OPENMP
         if (outer > 1) omp_set_num_threads(outer);
 #endif
-        return;
+        /* a status only where its packing buffer could not be allocated
+         * (the arguments are valid): OpenBLAS makes the product instead
+         * of leaving it unwritten */
+        if (st == 0) return;
     }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
                 n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -168,12 +172,11 @@ static void gemm_one(float *c, const float *a, const float *b, int m, int n, int
  * starts, runs calls of 1 row or column (its gemv) and A B^T of fewer than
  * 16 rows on other paths (every cut of 100-2000 x 49-5000 products, AVX-512
  * kernels): a product larger than that is cut into parts that are too. */
-#define GEMM_SMALL_MACS 1e6
 #define GEMM_MIN_PART 16
 
 int gemm_min_part(double other_macs)
 {
-    double rows = floor(GEMM_SMALL_MACS / (other_macs > 1 ? other_macs : 1)) + 1;
+    double rows = floor(MS_GEMM_SMALL_MACS / (other_macs > 1 ? other_macs : 1)) + 1;
     return rows > 1 << 30 ? 1 << 30 : rows < GEMM_MIN_PART ? GEMM_MIN_PART : (int)rows;
 }
 
@@ -199,7 +202,7 @@ void gemm_cpu(float *c, const float *a, const float *b, int m, int n, int k, boo
     int len = split_m ? m : n;
     int min_part = gemm_min_part((double)(split_m ? n : m) * k);
     /* Small products, or already inside a parallel region: one call. */
-    if (threads <= 1 || (double)m * n * k <= GEMM_SMALL_MACS ||
+    if (threads <= 1 || (double)m * n * k <= MS_GEMM_SMALL_MACS ||
         gemm_split_at(len, 1, threads, min_part) >= len) {
         gemm_one(c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
         return;

@@ -38,6 +38,8 @@ void gemm_cpu(float *c /* (m, n), row stride ldc */, const float *a /* (m, k) or
  * part >= parts. min_part: gemm_min_part of the multiply-adds per row (or
  * column), the other side times k. */
 int gemm_split_at(int len, int part, int parts, int min_part);
+/* Products of at most this many multiply-adds run as one call. */
+#define MS_GEMM_SMALL_MACS 1e6
 int gemm_min_part(double other_macs);
 
 /* oneDNN generates its kernels on the first product: gemm_warm_begin has a

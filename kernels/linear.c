@@ -39,7 +39,7 @@ void linear_cpu(float *out, const float *in, const float *w, const float *b, int
      * independent of the split); small products run as one call, as
      * gemm_cpu does. */
     int min_part = gemm_min_part((double)cout * cin);
-    if (threads <= 1 || (double)n * cout * cin <= 1e6 ||
+    if (threads <= 1 || (double)n * cout * cin <= MS_GEMM_SMALL_MACS ||
         gemm_split_at(n, 1, threads, min_part) >= n) {
         linear_rows(out, in, w, b, 0, n, cin, cout, act, residual);
         return;
