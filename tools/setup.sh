@@ -11,8 +11,12 @@ cd "$(dirname "$0")/.."
 
 pkgs=(build-essential cmake ninja-build pkg-config
       libopenblas-dev libpng-dev libjpeg62-turbo-dev libcjson-dev check
-      libsdl2-dev libsdl2-ttf-dev libx11-dev fonts-dejavu-core
-      libdnnl2) # oneDNN: the large GEMMs on AVX-512 CPUs, loaded at run time (kernels/gemm.h)
+      libsdl2-dev libsdl2-ttf-dev libx11-dev fonts-dejavu-core)
+# Optional: installed where the release has it, skipped with a note where
+# not. oneDNN makes the large GEMMs on AVX-512 CPUs, loaded at run time
+# (kernels/gemm.h; libdnnl2 on Debian 12, libdnnl3 later); without it
+# OpenBLAS does.
+optional=(libdnnl2 libdnnl3)
 if [ "${1:-}" = "--dev" ]; then
   pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
          slurmctld slurmd slurm-client munge parallel
@@ -23,9 +27,27 @@ missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+have_optional=no
+for p in "${optional[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && have_optional=yes
+done
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+if [ ${#missing[@]} -gt 0 ] || [ "$have_optional" = no ]; then
   $SUDO apt-get update -qq
+fi
+if [ "$have_optional" = no ]; then
+  for p in "${optional[@]}"; do
+    # read whole (grep -q would cut apt-cache off: SIGPIPE under pipefail)
+    cand=$(apt-cache policy "$p" 2>/dev/null | sed -n 's/^ *Candidate: //p')
+    if [ -n "$cand" ] && [ "$cand" != "(none)" ]; then
+      missing+=("$p")
+      have_optional=yes
+      break
+    fi
+  done
+  [ "$have_optional" = yes ] || echo "setup: no oneDNN package here (${optional[*]}): OpenBLAS makes every GEMM"
+fi
+if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
