@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h> /* strcasecmp */
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -59,7 +60,8 @@ static void gemm_setup(void)
 {
     openblas_set_num_threads(1);
     const char *want = getenv("MS_GEMM");
-    if (want && !strcmp(want, "openblas")) {
+    if (want && !*want) want = NULL;
+    if (want && !strcasecmp(want, "openblas")) {
         snprintf(gemm_why, sizeof gemm_why, "MS_GEMM=openblas");
         return;
     }
@@ -90,8 +92,21 @@ static void gemm_setup(void)
         return;
     }
     gemm_lib = MS_GEMM_ONEDNN;
-    snprintf(gemm_why, sizeof gemm_why, "%s, AVX-512 kernels%s", from,
-             want && *want ? "" : "; MS_GEMM=openblas for OpenBLAS");
+    if (!want)
+        snprintf(gemm_why, sizeof gemm_why, "%s, AVX-512 kernels; MS_GEMM=openblas for OpenBLAS",
+                 from);
+    else if (!strcasecmp(want, "onednn"))
+        snprintf(gemm_why, sizeof gemm_why, "%s, AVX-512 kernels", from);
+    else { /* neither name: said (printable, cut short), not obeyed */
+        char shown[41];
+        size_t i = 0;
+        for (; want[i] && i + 1 < sizeof shown; i++)
+            shown[i] = want[i] >= 0x20 && want[i] < 0x7f ? want[i] : '?';
+        shown[i] = 0;
+        snprintf(gemm_why, sizeof gemm_why,
+                 "%s, AVX-512 kernels; MS_GEMM=%s not understood (openblas or onednn)", from,
+                 shown);
+    }
 }
 
 void gemm_init_threads(void) { pthread_once(&gemm_once, gemm_setup); }

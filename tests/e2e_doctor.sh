@@ -50,6 +50,11 @@ fi
 MS_GEMM=openblas "$BIN" doctor --no-selftest >"$T/out_gemm" 2>&1
 check "doctor: MS_GEMM=openblas takes OpenBLAS and says so" \
     grep -q '^gemm: openblas (MS_GEMM=openblas)$' "$T/out_gemm"
+if [ "$best" = v4 ] && [ "$dnnl" = yes ]; then
+    MS_GEMM=$'open\tblas' "$BIN" doctor --no-selftest >"$T/out_gemm_bad" 2>&1
+    check "doctor: an MS_GEMM it does not know is named (printable) and not obeyed" \
+        grep -q '^gemm: onednn (libdnnl\.so\.[23], AVX-512 kernels; MS_GEMM=open?blas not understood (openblas or onednn))$' "$T/out_gemm_bad"
+fi
 # a core named by OPENBLAS_CORETYPE is said to be (the environment as it
 # is: tests leave it alone, since some machines set it because older
 # OpenBLAS builds fail on their CPU)
