@@ -151,10 +151,10 @@ ms_status gemm_lib_set(ms_gemm_lib lib)
  * parallel region over omp_get_max_threads() and may then split k, which
  * would make the bits depend on the thread count: its calls run with one
  * thread (inside a parallel region it runs sequentially by itself). */
-static void gemm_one(float *c, const float *a, const float *b, int m, int n, int k, bool ta,
-                     bool tb, int lda, int ldb, int ldc, float alpha, float beta)
+static void gemm_one(ms_gemm_lib lib, float *c, const float *a, const float *b, int m, int n,
+                     int k, bool ta, bool tb, int lda, int ldb, int ldc, float alpha, float beta)
 {
-    if (gemm_lib == MS_GEMM_ONEDNN) {
+    if (lib == MS_GEMM_ONEDNN && gemm_dnnl) {
 #ifdef _OPENMP
         int outer = omp_in_parallel() ? 0 : omp_get_max_threads();
         if (outer > 1) omp_set_num_threads(1); /* this thread's setting only */
@@ -207,6 +207,13 @@ void gemm_cpu(float *c, const float *a, const float *b, int m, int n, int k, boo
               int lda, int ldb, int ldc, float alpha, float beta)
 {
     gemm_init_threads();
+    gemm_cpu_lib(gemm_lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
+}
+
+void gemm_cpu_lib(ms_gemm_lib lib, float *c, const float *a, const float *b, int m, int n, int k,
+                  bool ta, bool tb, int lda, int ldb, int ldc, float alpha, float beta)
+{
+    gemm_init_threads();
     int threads = 1;
 #ifdef _OPENMP
     if (!omp_in_parallel()) threads = omp_get_max_threads();
@@ -219,7 +226,7 @@ void gemm_cpu(float *c, const float *a, const float *b, int m, int n, int k, boo
     /* Small products, or already inside a parallel region: one call. */
     if (threads <= 1 || (double)m * n * k <= MS_GEMM_SMALL_MACS ||
         gemm_split_at(len, 1, threads, min_part) >= len) {
-        gemm_one(c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
+        gemm_one(lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -229,10 +236,11 @@ void gemm_cpu(float *c, const float *a, const float *b, int m, int n, int k, boo
         if (cnt <= 0) continue;
         if (split_m) {
             const float *as = ta ? a + i0 : a + (size_t)i0 * lda;
-            gemm_one(c + (size_t)i0 * ldc, as, b, cnt, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
+            gemm_one(lib, c + (size_t)i0 * ldc, as, b, cnt, n, k, ta, tb, lda, ldb, ldc, alpha,
+                     beta);
         } else {
             const float *bs = tb ? b + (size_t)i0 * ldb : b + i0;
-            gemm_one(c + i0, a, bs, m, cnt, k, ta, tb, lda, ldb, ldc, alpha, beta);
+            gemm_one(lib, c + i0, a, bs, m, cnt, k, ta, tb, lda, ldb, ldc, alpha, beta);
         }
     }
 }

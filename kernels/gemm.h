@@ -29,6 +29,12 @@ ms_status gemm_lib_set(ms_gemm_lib lib);
 void gemm_cpu(float *c /* (m, n), row stride ldc */, const float *a /* (m, k) or (k, m) if ta */,
               const float *b /* (k, n) or (n, k) if tb */, int m, int n, int k, bool ta, bool tb,
               int lda, int ldb, int ldc, float alpha, float beta);
+/* The same on a given library (doctor's check of one against the other);
+ * oneDNN where it is not usable here is OpenBLAS. */
+void gemm_cpu_lib(ms_gemm_lib lib, float *c /* (m, n), row stride ldc */,
+                  const float *a /* (m, k) or (k, m) if ta */,
+                  const float *b /* (k, n) or (n, k) if tb */, int m, int n, int k, bool ta,
+                  bool tb, int lda, int ldb, int ldc, float alpha, float beta);
 
 /* Start of part `part` of `parts` of len rows (or columns) split for
  * threads: near len * part / parts, at a multiple of 48 (OpenBLAS's tile

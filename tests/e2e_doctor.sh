@@ -118,6 +118,13 @@ check "doctor: a passing CPU row for every op (missing:${missing:- none})" test 
 check "doctor: the bundled model against the Python reference" \
     grep -Eq '^model +cpu +python reference +[0-9.e+-]+ +1e-03 +pass: mask 100.00% equal' "$T/out"
 check "doctor: summary line" grep -Eq '^self-test: all passed \([0-9]+ rows, 0 failed' "$T/out"
+# where oneDNN makes the GEMMs, a product on it against OpenBLAS; none else
+if grep -q '^gemm: onednn' "$T/out"; then
+    check "doctor: a oneDNN GEMM row against OpenBLAS" \
+        grep -Eq '^gemm +cpu, onednn +openblas +[0-9.e+-]+ +1e-04 +pass' "$T/out"
+fi
+MS_GEMM=openblas "$BIN" doctor >"$T/out_gemm_rows" 2>&1
+check "doctor: no oneDNN row on OpenBLAS" bash -c "! grep -q '^gemm  ' '$T/out_gemm_rows'"
 if [ -e /dev/nvidia0 ] || [ -d /proc/driver/nvidia/gpus ] || [ "${MS_EXPECT_GPU:-0}" = 1 ]; then
     check "doctor: a GPU row per mode" grep -Eq '^linear +cuda:0 tensor cores +cpu, tc rounding' "$T/out"
 else

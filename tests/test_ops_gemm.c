@@ -167,6 +167,34 @@ START_TEST(test_gemm_same_bits_any_threads)
 }
 END_TEST
 
+/* gemm_cpu_lib makes the product on the library asked for, whatever
+ * gemm_cpu's choice: bit for bit what gemm_cpu gives on that library;
+ * oneDNN where it is not usable is OpenBLAS. */
+START_TEST(test_gemm_cpu_lib)
+{
+    ms_gemm_lib start = gemm_lib_get();
+    const int m = 203, n = 96, k = 768;
+    float *a = frand((size_t)m * k, 90, -1, 1), *b = frand((size_t)n * k, 91, -1, 1);
+    float *want = falloc((size_t)m * n), *got = falloc((size_t)m * n);
+    int libs = lib_count();
+    for (int li = 0; li < MS_GEMM_LIB_COUNT; li++) {
+        ms_gemm_lib asked = (ms_gemm_lib)li;
+        ms_gemm_lib runs = li < libs ? asked : MS_GEMM_OPENBLAS;
+        ck_assert_int_eq(gemm_lib_set(runs), MS_OK);
+        gemm_cpu(want, a, b, m, n, k, false, true, k, k, n, 1.0f, 0.0f);
+        /* gemm_cpu's own choice the other library, where there are two */
+        ms_gemm_lib other = libs == 2 && runs == MS_GEMM_OPENBLAS ? MS_GEMM_ONEDNN
+                                                                 : MS_GEMM_OPENBLAS;
+        ck_assert_int_eq(gemm_lib_set(other), MS_OK);
+        gemm_cpu_lib(asked, got, a, b, m, n, k, false, true, k, k, n, 1.0f, 0.0f);
+        ck_assert_msg(!memcmp(want, got, (size_t)m * n * sizeof(float)), "%s",
+                      gemm_lib_name(asked));
+    }
+    ms_free(a), ms_free(b), ms_free(want), ms_free(got);
+    ck_assert_int_eq(gemm_lib_set(start), MS_OK);
+}
+END_TEST
+
 /* The split itself: cuts at multiples of 48 and of min_part, none within
  * min_part of the end, parts in order covering all. */
 START_TEST(test_gemm_split_at)
@@ -202,6 +230,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_lib_choice);
     tcase_add_test(tc, test_gemm_vs_naive);
     tcase_add_test(tc, test_gemm_same_bits_any_threads);
+    tcase_add_test(tc, test_gemm_cpu_lib);
     tcase_add_test(tc, test_gemm_split_at);
     suite_add_tcase(s, tc);
     return run_suite(s);
