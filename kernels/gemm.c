@@ -17,7 +17,8 @@
 #include "cpu_path.h"
 
 /* oneDNN's dnnl_sgemm (row-major; the same in oneDNN 2.x and 3.x; it
- * returns a status enum, which only bad arguments make non-zero), from
+ * returns a status enum, non-zero for bad arguments or a packing buffer
+ * it could not allocate), from
  * libdnnl loaded on first use: a program that multiplies nothing maps
  * none of its 40 MB. */
 typedef int (*dnnl_sgemm_fn)(char transa, char transb, int64_t m, int64_t n, int64_t k,
