@@ -335,6 +335,19 @@ static void rebase_weights(ms_engine *e, const ms_arena *from, const ms_arena *t
     rebase_conv(&h->seg, from, to);
 }
 
+/* Whether the run is on the CPU whatever engine_setup_device finds: asked
+ * for, or auto on a machine without an NVIDIA GPU (WSL2 exposes its GPUs
+ * through /dev/dxg only: there CUDA is asked). */
+static bool engine_cpu_certain(const ms_engine_options *opt)
+{
+    if (opt->device == MS_DEV_CPU) return true;
+#ifdef MS_HAVE_CUDA
+    return opt->device == MS_DEV_AUTO && !ms_gpu_present() && access("/dev/dxg", F_OK) != 0;
+#else
+    return opt->device == MS_DEV_AUTO;
+#endif
+}
+
 static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
 {
     e->device = MS_DEV_CPU;
@@ -346,9 +359,8 @@ static ms_status engine_setup_device(ms_engine *e, const ms_engine_options *opt)
     }
 #ifdef MS_HAVE_CUDA
     /* auto on a machine without an NVIDIA GPU loads no CUDA library at all
-     * (kernels/cuda_loader.c): hundreds of MB mapped for a no-device answer.
-     * WSL2 exposes its GPUs through /dev/dxg only: there CUDA is asked. */
-    if (opt->device == MS_DEV_AUTO && !ms_gpu_present() && access("/dev/dxg", F_OK) != 0) {
+     * (kernels/cuda_loader.c): hundreds of MB mapped for a no-device answer */
+    if (engine_cpu_certain(opt)) {
         snprintf(e->fallback, sizeof e->fallback,
                  "no NVIDIA GPU on this machine (no /dev/nvidia0 or /dev/dxg)");
         e->has_fallback = true;
@@ -454,8 +466,8 @@ ms_status engine_init(ms_engine **out, const char *model_path, const ms_engine_o
     e->cfg = model_file_config(e->mf);
     backend_set_threads(&e->be, opt->threads);
     e->max_memory = opt->max_memory ? opt->max_memory : engine_default_memory_budget();
-    pthread_t warm;
-    bool warming = gemm_warm_begin(&warm); /* while the weights load */
+    pthread_t warm; /* oneDNN's kernels generated while the weights load, for a CPU run */
+    bool warming = engine_cpu_certain(opt) && gemm_warm_begin(&warm);
     st = engine_load(e);
     if (warming) gemm_warm_end(warm);
     if (st == MS_OK) st = engine_setup_device(e, opt);

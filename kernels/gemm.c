@@ -32,7 +32,8 @@ static const char *const gemm_dnnl_sonames[] = {"libdnnl.so.2", "libdnnl.so.3"};
  * 3.x includes */
 #define GEMM_DNNL_ISA_AVX512_CORE 0x27
 
-static pthread_once_t gemm_once = PTHREAD_ONCE_INIT;
+static pthread_once_t gemm_once = PTHREAD_ONCE_INIT;   /* OpenBLAS single-threaded */
+static pthread_once_t gemm_choose_once = PTHREAD_ONCE_INIT; /* the library chosen */
 static ms_gemm_lib gemm_lib = MS_GEMM_OPENBLAS;
 static dnnl_sgemm_fn gemm_dnnl;      /* NULL: oneDNN not loaded or not usable */
 static char gemm_why[256];           /* why the library in use is the one */
@@ -57,9 +58,8 @@ static void *gemm_warm(void *arg)
  * results would follow the thread count), unless MS_GEMM=openblas. On
  * AVX-512 its sgemm ran the backbone's and the head's products 5-25 %
  * faster than OpenBLAS's Cooperlake kernels (Zen 4, 2 threads). */
-static void gemm_setup(void)
+static void gemm_choose(void)
 {
-    openblas_set_num_threads(1);
     const char *want = getenv("MS_GEMM");
     if (want && !*want) want = NULL;
     if (want && !strcasecmp(want, "openblas")) {
@@ -110,11 +110,21 @@ static void gemm_setup(void)
     }
 }
 
-void gemm_init_threads(void) { pthread_once(&gemm_once, gemm_setup); }
+static void gemm_set_single(void) { openblas_set_num_threads(1); }
+void gemm_init_threads(void) { pthread_once(&gemm_once, gemm_set_single); }
+
+/* oneDNN is looked for at the first product or question, not when the
+ * threads are set up: a run with no product on the CPU (on the GPU, say)
+ * maps none of it. */
+static void gemm_init_lib(void)
+{
+    gemm_init_threads();
+    pthread_once(&gemm_choose_once, gemm_choose);
+}
 
 bool gemm_warm_begin(pthread_t *thread)
 {
-    gemm_init_threads();
+    gemm_init_lib();
     return gemm_lib == MS_GEMM_ONEDNN && pthread_create(thread, NULL, gemm_warm, NULL) == 0;
 }
 
@@ -122,7 +132,7 @@ void gemm_warm_end(pthread_t thread) { pthread_join(thread, NULL); }
 
 ms_gemm_lib gemm_lib_get(void)
 {
-    gemm_init_threads();
+    gemm_init_lib();
     return gemm_lib;
 }
 
@@ -133,13 +143,13 @@ const char *gemm_lib_name(ms_gemm_lib lib)
 
 const char *gemm_lib_why(void)
 {
-    gemm_init_threads();
+    gemm_init_lib();
     return gemm_why;
 }
 
 ms_status gemm_lib_set(ms_gemm_lib lib)
 {
-    gemm_init_threads();
+    gemm_init_lib();
     if (lib == MS_GEMM_ONEDNN && !gemm_dnnl)
         return ms_error(MS_ERR_UNSUPPORTED, "gemm library onednn: %s", gemm_why);
     if (lib != MS_GEMM_OPENBLAS && lib != MS_GEMM_ONEDNN)
@@ -204,29 +214,37 @@ int gemm_split_at(int len, int part, int parts, int min_part)
     return at > 0 && at > (long)len - min_part ? len : (int)at;
 }
 
+int gemm_split_threads(int *min_part, int len, double other_macs)
+{
+    int threads = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel()) threads = omp_get_max_threads();
+#endif
+    *min_part = gemm_min_part(other_macs);
+    /* Small products, or already inside a parallel region: one call. */
+    if (threads <= 1 || (double)len * other_macs <= MS_GEMM_SMALL_MACS ||
+        gemm_split_at(len, 1, threads, *min_part) >= len)
+        return 1;
+    return threads;
+}
+
 void gemm_cpu(float *c, const float *a, const float *b, int m, int n, int k, bool ta, bool tb,
               int lda, int ldb, int ldc, float alpha, float beta)
 {
-    gemm_init_threads();
+    gemm_init_lib();
     gemm_cpu_lib(gemm_lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
 }
 
 void gemm_cpu_lib(ms_gemm_lib lib, float *c, const float *a, const float *b, int m, int n, int k,
                   bool ta, bool tb, int lda, int ldb, int ldc, float alpha, float beta)
 {
-    gemm_init_threads();
-    int threads = 1;
-#ifdef _OPENMP
-    if (!omp_in_parallel()) threads = omp_get_max_threads();
-#endif
+    gemm_init_lib();
     /* Split the larger of m and n into one slab per thread, cut at
      * gemm_split_at's boundaries. */
     bool split_m = m >= n;
-    int len = split_m ? m : n;
-    int min_part = gemm_min_part((double)(split_m ? n : m) * k);
-    /* Small products, or already inside a parallel region: one call. */
-    if (threads <= 1 || (double)m * n * k <= MS_GEMM_SMALL_MACS ||
-        gemm_split_at(len, 1, threads, min_part) >= len) {
+    int len = split_m ? m : n, min_part;
+    int threads = gemm_split_threads(&min_part, len, (double)(split_m ? n : m) * k);
+    if (threads <= 1) {
         gemm_one(lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
         return;
     }

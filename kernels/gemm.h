@@ -47,6 +47,11 @@ int gemm_split_at(int len, int part, int parts, int min_part);
 /* Products of at most this many multiply-adds run as one call. */
 #define MS_GEMM_SMALL_MACS 1e6
 int gemm_min_part(double other_macs);
+/* The threads to split a product of len rows (or columns) of other_macs
+ * multiply-adds each over: 1 (one call) for a product of at most
+ * MS_GEMM_SMALL_MACS, inside a parallel region, or where the split would
+ * leave one part; with *min_part for gemm_split_at. */
+int gemm_split_threads(int *min_part, int len, double other_macs);
 
 /* oneDNN generates its kernels on the first product: gemm_warm_begin has a
  * thread do that while the caller does other work (the engine loads its
@@ -56,8 +61,9 @@ int gemm_min_part(double other_macs);
 bool gemm_warm_begin(pthread_t *thread);
 void gemm_warm_end(pthread_t thread);
 
-/* Makes OpenBLAS single-threaded and chooses the library (idempotent);
- * gemm_cpu calls it too. */
+/* Makes OpenBLAS single-threaded (idempotent); gemm_cpu calls it too. The
+ * library is chosen (and oneDNN looked for) at the first product or
+ * question about it. */
 void gemm_init_threads(void);
 
 #endif

@@ -7,9 +7,6 @@
 
 #include "elementwise_simd.h"
 #include "gemm.h"
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* Rows [r0, r1) of the layer. */
 static void linear_rows(float *out, const float *in, const float *w, const float *b, int r0,
@@ -31,16 +28,11 @@ void linear_cpu(float *out, const float *in, const float *w, const float *b, int
                 int cout, ms_act act, bool residual)
 {
     gemm_init_threads();
-    int threads = 1;
-#ifdef _OPENMP
-    if (!omp_in_parallel()) threads = omp_get_max_threads();
-#endif
     /* One slab of rows per thread, cut where gemm_split_at says (results
      * independent of the split); small products run as one call, as
      * gemm_cpu does. */
-    int min_part = gemm_min_part((double)cout * cin);
-    if (threads <= 1 || (double)n * cout * cin <= MS_GEMM_SMALL_MACS ||
-        gemm_split_at(n, 1, threads, min_part) >= n) {
+    int min_part, threads = gemm_split_threads(&min_part, n, (double)cout * cin);
+    if (threads <= 1) {
         linear_rows(out, in, w, b, 0, n, cin, cout, act, residual);
         return;
     }
