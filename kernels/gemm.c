@@ -199,6 +199,16 @@ static void gemm_one(ms_gemm_lib lib, float *c, const float *a, const float *b, 
  * 16 rows on other paths (every cut of 100-2000 x 49-5000 products, AVX-512
  * kernels): a product larger than that is cut into parts that are too. */
 #define GEMM_MIN_PART 16
+/* Columns are never cut where the thread count says: on OpenBLAS's
+ * Haswell/Zen sgemm a call computes its first block of 320 columns
+ * otherwise than the blocks after it, so the columns of a part that starts
+ * past 0 differ from the same columns of one call over all (every cut of a
+ * 128 x 5000 x 192 product). A wide product is instead always made as
+ * GEMM_COL_CHUNKS calls of at least GEMM_COL_MIN columns (fixed by the
+ * shape; 12 shares evenly over 2, 3, 4 and 6 threads), so its bits are the
+ * same at every thread count, one thread included. */
+#define GEMM_COL_CHUNKS 12
+#define GEMM_COL_MIN 64
 
 int gemm_min_part(double other_macs)
 {
@@ -235,31 +245,61 @@ void gemm_cpu(float *c, const float *a, const float *b, int m, int n, int k, boo
     gemm_cpu_lib(gemm_lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
 }
 
+int gemm_col_chunks(int n, double other_macs)
+{
+    if ((double)n * other_macs <= MS_GEMM_SMALL_MACS || n < 2 * GEMM_COL_MIN) return 1;
+    int chunks = n / GEMM_COL_MIN;
+    return chunks < GEMM_COL_CHUNKS ? chunks : GEMM_COL_CHUNKS;
+}
+
+int gemm_col_at(int n, int chunk, int chunks)
+{
+    if (chunk >= chunks) return n;
+    return (int)((long)n * chunk / chunks / 16 * 16); /* 64-byte aligned column starts */
+}
+
+void gemm_cpu_whole(float *c, const float *a, const float *b, int m, int n, int k, bool ta,
+                    bool tb, int lda, int ldb, int ldc, float alpha, float beta)
+{
+    gemm_init_lib();
+    gemm_one(gemm_lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
+}
+
 void gemm_cpu_lib(ms_gemm_lib lib, float *c, const float *a, const float *b, int m, int n, int k,
                   bool ta, bool tb, int lda, int ldb, int ldc, float alpha, float beta)
 {
     gemm_init_lib();
-    /* Split the larger of m and n into one slab per thread, cut at
-     * gemm_split_at's boundaries. */
-    bool split_m = m >= n;
-    int len = split_m ? m : n, min_part;
-    int threads = gemm_split_threads(&min_part, len, (double)(split_m ? n : m) * k);
-    if (threads <= 1) {
-        gemm_one(lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
-        return;
-    }
+    if (m >= n) {
+        /* One slab of rows per thread, cut at gemm_split_at's boundaries. */
+        int min_part, threads = gemm_split_threads(&min_part, m, (double)n * k);
+        if (threads <= 1) {
+            gemm_one(lib, c, a, b, m, n, k, ta, tb, lda, ldb, ldc, alpha, beta);
+            return;
+        }
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int s = 0; s < threads; s++) {
-        int i0 = gemm_split_at(len, s, threads, min_part);
-        int cnt = gemm_split_at(len, s + 1, threads, min_part) - i0;
-        if (cnt <= 0) continue;
-        if (split_m) {
+        for (int s = 0; s < threads; s++) {
+            int i0 = gemm_split_at(m, s, threads, min_part);
+            int cnt = gemm_split_at(m, s + 1, threads, min_part) - i0;
+            if (cnt <= 0) continue;
             const float *as = ta ? a + i0 : a + (size_t)i0 * lda;
             gemm_one(lib, c + (size_t)i0 * ldc, as, b, cnt, n, k, ta, tb, lda, ldb, ldc, alpha,
                      beta);
-        } else {
-            const float *bs = tb ? b + (size_t)i0 * ldb : b + i0;
-            gemm_one(lib, c + i0, a, bs, m, cnt, k, ta, tb, lda, ldb, ldc, alpha, beta);
         }
+        return;
     }
+    /* Wider than tall: column chunks that depend on the shape alone, each
+     * one call, whatever the thread count (see GEMM_COL_CHUNKS); the
+     * threads share them out. */
+    int chunks = gemm_col_chunks(n, (double)m * k), threads = 1;
+#ifdef _OPENMP
+    if (chunks > 1 && !omp_in_parallel()) threads = omp_get_max_threads();
+#endif
+    if (threads > chunks) threads = chunks;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int s = 0; s < threads; s++)
+        for (int q = s * chunks / threads; q < (s + 1) * chunks / threads; q++) {
+            int j0 = gemm_col_at(n, q, chunks), cnt = gemm_col_at(n, q + 1, chunks) - j0;
+            const float *bs = tb ? b + (size_t)j0 * ldb : b + j0;
+            gemm_one(lib, c + j0, a, bs, m, cnt, k, ta, tb, lda, ldb, ldc, alpha, beta);
+        }
 }

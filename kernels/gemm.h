@@ -36,22 +36,34 @@ void gemm_cpu_lib(ms_gemm_lib lib, float *c /* (m, n), row stride ldc */,
                   const float *b /* (k, n) or (n, k) if tb */, int m, int n, int k, bool ta,
                   bool tb, int lda, int ldb, int ldc, float alpha, float beta);
 
-/* Start of part `part` of `parts` of len rows (or columns) split for
+/* Start of part `part` of `parts` of len rows split for
  * threads: near len * part / parts, at a multiple of 48 (OpenBLAS's tile
  * heights divide it) and of at least min_part, and not within min_part of
  * len, so that every call a split makes takes the path one call over the
  * whole takes, and results do not depend on the split; len for
- * part >= parts. min_part: gemm_min_part of the multiply-adds per row (or
- * column), the other side times k. */
+ * part >= parts. min_part: gemm_min_part of the multiply-adds per row
+ * (n times k). */
 int gemm_split_at(int len, int part, int parts, int min_part);
 /* Products of at most this many multiply-adds run as one call. */
 #define MS_GEMM_SMALL_MACS 1e6
 int gemm_min_part(double other_macs);
-/* The threads to split a product of len rows (or columns) of other_macs
+/* The threads to split a product of len rows of other_macs
  * multiply-adds each over: 1 (one call) for a product of at most
  * MS_GEMM_SMALL_MACS, inside a parallel region, or where the split would
  * leave one part; with *min_part for gemm_split_at. */
 int gemm_split_threads(int *min_part, int len, double other_macs);
+/* gemm_cpu as one call of the library on the calling thread, whatever its
+ * shape: for a caller that cuts rows at gemm_split_at itself (linear_cpu),
+ * whose slabs must each be made as the whole would be. */
+void gemm_cpu_whole(float *c /* (m, n), row stride ldc */,
+                    const float *a /* (m, k) or (k, m) if ta */,
+                    const float *b /* (k, n) or (n, k) if tb */, int m, int n, int k, bool ta,
+                    bool tb, int lda, int ldb, int ldc, float alpha, float beta);
+/* A product wider than tall (n > m) is made as gemm_col_chunks calls, a
+ * number fixed by its shape (other_macs: m times k), the chunk-th starting
+ * at column gemm_col_at (n for chunk >= chunks). */
+int gemm_col_chunks(int n, double other_macs);
+int gemm_col_at(int n, int chunk, int chunks);
 
 /* oneDNN generates its kernels on the first product: gemm_warm_begin has a
  * thread do that while the caller does other work (the engine loads its

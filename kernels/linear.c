@@ -18,8 +18,8 @@ static void linear_rows(float *out, const float *in, const float *w, const float
     if (prefill)
         for (int i = 0; i < rows; i++) memcpy(o + (size_t)i * cout, b, (size_t)cout * sizeof(float));
     /* out = in @ w^T (+ out: the residual or the bias written above) */
-    gemm_cpu(o, in + (size_t)r0 * cin, w, rows, cout, cin, false, true, cin, cin, cout, 1.0f,
-             residual || prefill ? 1.0f : 0.0f);
+    gemm_cpu_whole(o, in + (size_t)r0 * cin, w, rows, cout, cin, false, true, cin, cin, cout,
+                   1.0f, residual || prefill ? 1.0f : 0.0f);
     const float *eb = prefill ? NULL : b; /* the bias still to add */
     if (eb || act != MS_ACT_NONE) ew_bias_act_cols(o, eb, rows, cout, cout, act);
 }

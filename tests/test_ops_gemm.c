@@ -120,11 +120,11 @@ START_TEST(test_gemm_same_bits_any_threads)
 {
     ms_gemm_lib start = gemm_lib_get();
     const int shapes[][3] = {{100, 64, 192}, {690, 576, 192}, {243, 96, 64}, {64, 1009, 96},
-                             {1009, 49, 64}};
+                             {1009, 49, 64}, {96, 1500, 192}};
     const int threads[] = {2, 3, 4, 5, 7};
     for (int li = 0, libs = lib_count(); li < libs; li++) {
         ck_assert_int_eq(gemm_lib_set((ms_gemm_lib)li), MS_OK);
-        for (int si = 0; si < 5; si++)
+        for (int si = 0; si < 6; si++)
             for (int cs = 0; cs < 4; cs++) {
                 int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
                 bool ta = cs & 1, tb = cs & 2;
@@ -219,6 +219,22 @@ START_TEST(test_gemm_split_at)
     ck_assert_int_eq(gemm_min_part(64.0 * 96), 163);
     ck_assert_int_eq(gemm_min_part(1e6), 16);
     ck_assert_int_eq(gemm_min_part(0), 1000001);
+    /* column chunks: fixed by the shape, covering 0..n in order, each at
+     * least 48 wide and starting 16-aligned */
+    ck_assert_int_eq(gemm_col_chunks(1009, 64.0 * 96), 12);
+    ck_assert_int_eq(gemm_col_chunks(200, 64.0 * 96), 3);
+    ck_assert_int_eq(gemm_col_chunks(127, 1e6), 1);
+    ck_assert_int_eq(gemm_col_chunks(5000, 10.0), 1); /* 5e4 multiply-adds: one call */
+    for (int n = 128; n < 3000; n += 37) {
+        int chunks = gemm_col_chunks(n, 1e5);
+        ck_assert_int_eq(gemm_col_at(n, 0, chunks), 0);
+        ck_assert_int_eq(gemm_col_at(n, chunks, chunks), n);
+        for (int q = 1; q <= chunks; q++) {
+            int at = gemm_col_at(n, q, chunks), prev = gemm_col_at(n, q - 1, chunks);
+            ck_assert_int_ge(at - prev, 48);
+            ck_assert(q == chunks || at % 16 == 0);
+        }
+    }
 }
 END_TEST
 
