@@ -19,6 +19,7 @@
 #include "kernels/cpu_features.h"
 #include "kernels/cpu_path.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_small.h"
 #include "selftest.h"
 #ifdef MS_HAVE_CUDA
 #include "kernels/cuda_ctx.h"
@@ -107,6 +108,8 @@ static void print_cpu(void)
     /* gemm_cpu makes the library single-threaded and splits products over
      * OpenMP threads (kernels/gemm.h) */
     printf("gemm: %s (%s)\n", gemm_lib_name(gemm_lib_get()), gemm_lib_why());
+    printf("small gemm: %s (%s)\n", gemm_small_lib_name(gemm_small_lib_get()),
+           gemm_small_lib_why());
     printf("openblas: %s; core %s", openblas_get_config(), openblas_get_corename());
     /* who chose the core: the user (OPENBLAS_CORETYPE), mitaseg for this
      * CPU's instruction set (app/omp_env/omp_env.c) or OpenBLAS from its

@@ -20,9 +20,8 @@
  * bit-identical across thread counts. */
 #include "mita.h"
 
-#include <cblas.h>
-
 #include "gemm.h"
+#include "gemm_small.h"
 #include "mita_cuda_math.h" /* topk_key, topk_composite */
 #include "mita_simd.h"
 #include <math.h>
@@ -398,8 +397,8 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
     for (int t0 = 0; t0 < n; t0 += ps) {
         int nt = n - t0 < ps ? n - t0 : ps;
         mita_gather_rows_t(kt, ps, qkv + (size_t)t0 * ld + c + (size_t)h * d, ld, at, nt, d);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, nt, d, 1.0f,
-                    land + (size_t)e0 * c + (size_t)h * d, c, kt, ps, 0.0f, p + t0, n);
+        gemm_small_nn(p + t0, land + (size_t)e0 * c + (size_t)h * d, kt, g, nt, d, c, ps, n,
+                      false);
     }
     for (int e = e0; e < e1; e++) {
         float *row = p + (size_t)(e - e0) * n;
@@ -414,10 +413,8 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
     float *sv = w->sv + ((size_t)h * m + e0) * d;
     int skb = summary_slice(m, d);
     for (int t0 = 0; t0 < n; t0 += skb)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, n - t0 < skb ? n - t0 : skb,
-                    1.0f, p + t0, n,
-                    qkv + (size_t)t0 * ld + 2 * (size_t)c + (size_t)h * d, (int)ld,
-                    t0 ? 1.0f : 0.0f, sv, d);
+        gemm_small_nn(sv, p + t0, qkv + (size_t)t0 * ld + 2 * (size_t)c + (size_t)h * d, g, d,
+                      n - t0 < skb ? n - t0 : skb, n, (int)ld, d, t0 > 0);
     for (int e = 0; e < g; e++) {
         float se = sum[e];
 #pragma omp simd /* scalar divisions were 1 % of the layer's samples (N = 1024) */
@@ -435,9 +432,8 @@ static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */,
 {
     size_t ld = 3 * (size_t)c;
     float *r = w->scores + ((size_t)h * n + q0) * m;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, q1 - q0, m, d, 1.0f,
-                qkv + (size_t)q0 * ld + (size_t)h * d, (int)ld, landt + (size_t)h * d * m, m,
-                0.0f, r, m);
+    gemm_small_nn(r, qkv + (size_t)q0 * ld + (size_t)h * d, landt + (size_t)h * d * m, q1 - q0,
+                  m, d, (int)ld, m, m, false);
     mita_argmax_rows(w->route + (size_t)h * n + q0, r, q1 - q0, m);
 }
 
@@ -507,21 +503,23 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
             const int32_t *ids = w->idx + ((size_t)h * m + e) * k;
             mita_gather_rows_t(ke, k, qkv + c + (size_t)h * d, ld, ids, k, d);
             mita_gather_rows(sve + (size_t)m * d, d, qkv + 2 * (size_t)c + (size_t)h * d, ld, ids,
-                             k, d);
+                             k, d, 1.0f);
             have = e;
         }
-        mita_gather_rows(qb, d, qkv + (size_t)h * d, ld, qs, nb, d);
-        mita_gather_rows(lg, mk, scores, m, qs, nb, m);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, k, d, s, qb, d, ke, k, 0.0f,
-                    lg + m, mk);
+        /* the queries times s, not the product (gemm_small_nn has alpha 1):
+         * exact where s is a power of 2 (d = 64: 1 or 8) */
+        mita_gather_rows(qb, d, qkv + (size_t)h * d, ld, qs, nb, d, s);
+        mita_gather_rows(lg, mk, scores, m, qs, nb, m, 1.0f);
+        /* rows past nb: stale, computed and ignored (gemm_small_rows) */
+        int nbr = gemm_small_rows(nb, MITA_QB);
+        gemm_small_nn(lg + m, qb, ke, nbr, k, d, d, k, mk, false);
         mita_joint_softmax(lg, inv, rec && rec->shared_mass ? mass : NULL, nb, m, k, s_shared2);
         for (int r = 0; rec && r < nb; r++) {
             size_t at = (size_t)h * n + mita_report_pos(qs[r], ncls, n);
             if (rec->route) rec->route[at] = e;
             if (rec->shared_mass) rec->shared_mass[at] = mass[r];
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, mk, 1.0f, lg, mk, sve, d,
-                    0.0f, ob, d);
+        gemm_small_nn(ob, lg, sve, nbr, d, mk, mk, d, d, false);
         mita_scatter_rows_scaled(out + (size_t)h * d, c, ob, d, qs, inv, nb, d);
         p = end;
     }

@@ -399,14 +399,14 @@ static inline void prefetch_row_w(float *x, int d)
 
 MITA_NO_MEMCPY void MS_SIMD_FN(mita_gather_rows)(float *restrict dst, size_t dld,
                                                  const float *restrict src, size_t sld,
-                                                 const int32_t *rows, int nr, int d)
+                                                 const int32_t *rows, int nr, int d, float f)
 {
     for (int r = 0; r < nr; r++) {
         if (r + MITA_PF_ROWS < nr) prefetch_row(src + (size_t)rows[r + MITA_PF_ROWS] * sld, d);
         const float *a = src + (size_t)rows[r] * sld;
         float *b = dst + (size_t)r * dld;
 #pragma omp simd
-        for (int t = 0; t < d; t++) b[t] = a[t];
+        for (int t = 0; t < d; t++) b[t] = a[t] * f;
     }
 }
 

@@ -56,12 +56,12 @@ MS_SIMD_DECLARE(void, mita_rank_desc,
 MS_SIMD_DECLARE(void, mita_joint_softmax,
                 (float *lg /* (nb, m + k) */, float *inv /* (nb) */, float *mass /* (nb) */,
                  int nb, int m, int k, float scale));
-/* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats;
- * scatter: the other way round, times f[r]. Inline vector copies: rows of
+/* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats,
+ * times f (exact for f = 1); scatter: the other way round, times f[r]. Inline vector copies: rows of
  * 64 floats are too short for memcpy's call to pay. */
 MS_SIMD_DECLARE(void, mita_gather_rows,
                 (float *dst /* (nr, dld) */, size_t dld, const float *src, size_t sld,
-                 const int32_t *rows /* (nr) */, int nr, int d));
+                 const int32_t *rows /* (nr) */, int nr, int d, float f));
 /* dst[t * dld + r] = src[rows[r] * sld + t], t < d: the rows gathered as
  * columns (dld >= nr), so that a GEMM takes them untransposed. */
 MS_SIMD_DECLARE(void, mita_gather_rows_t,
@@ -113,9 +113,9 @@ static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int nb
     MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, nb, m, k, scale);
 }
 static inline void mita_gather_rows(float *dst, size_t dld, const float *src, size_t sld,
-                                    const int32_t *rows, int nr, int d)
+                                    const int32_t *rows, int nr, int d, float f)
 {
-    MS_SIMD_CALL(mita_gather_rows, dst, dld, src, sld, rows, nr, d);
+    MS_SIMD_CALL(mita_gather_rows, dst, dld, src, sld, rows, nr, d, f);
 }
 static inline void mita_gather_rows_t(float *dst, size_t dld, const float *src, size_t sld,
                                       const int32_t *rows, int nr, int d)

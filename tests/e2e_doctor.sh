@@ -55,6 +55,24 @@ if [ "$best" = v4 ] && [ "$dnnl" = yes ]; then
     check "doctor: an MS_GEMM it does not know is named (printable) and not obeyed" \
         grep -q '^gemm: onednn (libdnnl\.so\.[23], AVX-512 kernels; MS_GEMM=open?blas not understood (openblas or onednn))$' "$T/out_gemm_bad"
 fi
+# MiTA's small products: libxsmm's generated kernels where the build found
+# it (pkg-config, as CMake does) on an AVX2 or later CPU, else OpenBLAS
+# with the reason; MS_SMALL_GEMM=openblas asks for OpenBLAS
+if [ "$best" != base ] && pkg-config --exists libxsmm 2>/dev/null && [ -z "${MS_SMALL_GEMM:-}" ]; then
+    check "doctor: libxsmm for MiTA's small products" \
+        grep -Eq '^small gemm: libxsmm \(libxsmm [a-z0-9_]+ kernels; MS_SMALL_GEMM=openblas for OpenBLAS\)$' "$T/out"
+elif [ -z "${MS_SMALL_GEMM:-}" ]; then
+    check "doctor: OpenBLAS for MiTA's small products, and why" \
+        grep -Eq '^small gemm: openblas \((built without libxsmm|libxsmm generates no kernel)' "$T/out"
+fi
+MS_SMALL_GEMM=openblas "$BIN" doctor --no-selftest >"$T/out_small" 2>&1
+check "doctor: MS_SMALL_GEMM=openblas takes OpenBLAS and says so" \
+    grep -Eq '^small gemm: openblas \((MS_SMALL_GEMM=openblas|built without libxsmm|libxsmm generates no kernel)' "$T/out_small"
+if grep -q '^small gemm: libxsmm' "$T/out"; then
+    MS_SMALL_GEMM=$'xs\tmm' "$BIN" doctor --no-selftest >"$T/out_small_bad" 2>&1
+    check "doctor: an MS_SMALL_GEMM it does not know is named (printable) and not obeyed" \
+        grep -Eq '^small gemm: libxsmm \(libxsmm [a-z0-9_]+ kernels; MS_SMALL_GEMM=xs\?mm not understood \(openblas or libxsmm\)\)$' "$T/out_small_bad"
+fi
 # a core named by OPENBLAS_CORETYPE is said to be (the environment as it
 # is: tests leave it alone, since some machines set it because older
 # OpenBLAS builds fail on their CPU)

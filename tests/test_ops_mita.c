@@ -571,10 +571,14 @@ START_TEST(test_mita_fast_helpers_paths)
             float src[N * 3], fac[N];
             rand_fill(src, (size_t)n * 3, 5u + (uint32_t)n, -1.0f, 1.0f);
             rand_fill(fac, (size_t)n, 6u + (uint32_t)n, -2.0f, 2.0f);
-            mita_gather_rows(got, 2, src, 3, rows, n, 2);
+            mita_gather_rows(got, 2, src, 3, rows, n, 2, 1.0f);
             for (int r = 0; r < n; r++)
                 for (int t = 0; t < 2; t++)
                     ck_assert(got[r * 2 + t] == src[rows[r] * 3 + t]);
+            mita_gather_rows(got, 2, src, 3, rows, n, 2, -0.375f);
+            for (int r = 0; r < n; r++)
+                for (int t = 0; t < 2; t++)
+                    ck_assert(got[r * 2 + t] == src[rows[r] * 3 + t] * -0.375f);
             /* transposed: rows as columns of a (d, n + 3) block, at d with
              * and without an 8-wide tail; the 3 columns past n untouched */
             const int ds[] = {1, 8, 13, 64};

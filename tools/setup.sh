@@ -17,6 +17,10 @@ pkgs=(build-essential cmake ninja-build pkg-config
 # (kernels/gemm.h; libdnnl2 on Debian 12, libdnnl3 later); without it
 # OpenBLAS does.
 optional=(libdnnl2 libdnnl3)
+# libxsmm generates MiTA's small-GEMM kernels (kernels/gemm_small.h; Debian
+# ships it as a static library, so it is a build dependency); without it
+# OpenBLAS makes them.
+want_xsmm=libxsmm-dev
 if [ "${1:-}" = "--dev" ]; then
   pkgs+=(xvfb xdotool imagemagick python3 python3-torch python3-numpy python3-pil python3-venv
          slurmctld slurmd slurm-client munge parallel
@@ -31,9 +35,19 @@ have_optional=no
 for p in "${optional[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && have_optional=yes
 done
+have_xsmm=no
+dpkg-query -W -f='${Status}' "$want_xsmm" 2>/dev/null | grep -q "install ok installed" && have_xsmm=yes
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-if [ ${#missing[@]} -gt 0 ] || [ "$have_optional" = no ]; then
+if [ ${#missing[@]} -gt 0 ] || [ "$have_optional" = no ] || [ "$have_xsmm" = no ]; then
   $SUDO apt-get update -qq
+fi
+if [ "$have_xsmm" = no ]; then
+  cand=$(apt-cache policy "$want_xsmm" 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  if [ -n "$cand" ] && [ "$cand" != "(none)" ]; then
+    missing+=("$want_xsmm")
+  else
+    echo "setup: no $want_xsmm here: OpenBLAS makes MiTA's small products"
+  fi
 fi
 if [ "$have_optional" = no ]; then
   for p in "${optional[@]}"; do

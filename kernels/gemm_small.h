@@ -1,0 +1,48 @@
+/* Small row-major single-precision products for the attention ops:
+ * C = A B, or C += A B, alpha 1, on the calling thread. MiTA's products
+ * are a few dozen rows by 49 or 64 columns; OpenBLAS 0.3.21 has
+ * small-matrix kernels for them on AVX-512 only, and elsewhere (its
+ * Haswell/Zen kernels) packs both operands and clears C first, which was
+ * 21 % of a MiTA layer's time on a Zen 3 (N = 1024). libxsmm generates a
+ * kernel for each shape at run time (AVX2 or AVX-512, the CPU's) and
+ * makes them 1.2-2.4x faster there (1 thread). So: libxsmm where it
+ * was built in and generates a kernel here, else OpenBLAS;
+ * MS_SMALL_GEMM=openblas in the environment (read once) asks for
+ * OpenBLAS. Each product is one call of one library whose bits depend on
+ * the shape only, so results do not depend on the thread count. */
+#ifndef MS_GEMM_SMALL_H
+#define MS_GEMM_SMALL_H
+
+#include <stdbool.h>
+
+#include "common.h"
+
+typedef enum { MS_GEMM_SMALL_OPENBLAS = 0, MS_GEMM_SMALL_LIBXSMM = 1 } ms_gemm_small_lib;
+#define MS_GEMM_SMALL_LIB_COUNT 2
+
+/* The library gemm_small_nn calls, and in words why (for doctor). */
+ms_gemm_small_lib gemm_small_lib_get(void);
+const char *gemm_small_lib_why(void);
+const char *gemm_small_lib_name(ms_gemm_small_lib lib);
+/* Chooses one (tests, benches); MS_ERR_UNSUPPORTED where libxsmm is not
+ * built in or generates no kernel here. Not thread-safe against running
+ * products. */
+ms_status gemm_small_lib_set(ms_gemm_small_lib lib);
+
+/* c = a b (accumulate: c += a b). A shape libxsmm has no kernel for goes
+ * to OpenBLAS. */
+void gemm_small_nn(float *c /* (m, n), row stride ldc */, const float *a /* (m, k), lda */,
+                   const float *b /* (k, n), ldb */, int m, int n, int k, int lda, int ldb,
+                   int ldc, bool accumulate);
+
+/* Rows to compute for a product of m rows in a caller's buffers of
+ * max_rows (>= m) rows, whose rows past m may hold anything and are then
+ * ignored: with libxsmm m rounded up to a multiple of 8 (at most
+ * max_rows), so that blocks of 1 to 128 rows take 16 kernels, not 128
+ * (each generated on first use, 30-60 us); libxsmm's kernels compute a
+ * row from its row of A alone, the same bits whatever the rows (checked,
+ * 1-130 rows, on MiTA's shapes: test_ops_gemm_small). With OpenBLAS m:
+ * its kernels round otherwise at other row counts. */
+int gemm_small_rows(int m, int max_rows);
+
+#endif

@@ -1,0 +1,188 @@
+/* gemm_small_nn (kernels/gemm_small.h) on both of its libraries where this
+ * build and CPU run them (OpenBLAS always; libxsmm where built in and
+ * generating kernels): which one is chosen and why; MiTA's product shapes,
+ * with and without accumulation, against a double loop; the stride's gap
+ * left alone; the same bits on a second call (the kernel cache); and the
+ * rows gemm_small_rows pads to. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu_path.h"
+#include "kernels/gemm_small.h"
+#include "testutil_ops.h"
+
+/* Whether libxsmm should be chosen, found apart from gemm_small.c: built
+ * in, on a CPU with AVX2 (libxsmm generates code for AVX2 and later), and
+ * not asked otherwise. */
+static bool xsmm_expected(void)
+{
+#ifdef MS_HAVE_LIBXSMM
+    const char *env = getenv("MS_SMALL_GEMM");
+    return cpu_path_supported(MS_CPU_PATH_V3) && !(env && !strcmp(env, "openblas"));
+#else
+    return false;
+#endif
+}
+
+START_TEST(test_small_lib_choice)
+{
+    ms_gemm_small_lib start = gemm_small_lib_get();
+    ck_assert_msg(start == (xsmm_expected() ? MS_GEMM_SMALL_LIBXSMM : MS_GEMM_SMALL_OPENBLAS),
+                  "chose %s (%s)", gemm_small_lib_name(start), gemm_small_lib_why());
+    ck_assert(strlen(gemm_small_lib_why()) > 0);
+    ck_assert_int_eq(gemm_small_lib_set(MS_GEMM_SMALL_OPENBLAS), MS_OK);
+    ck_assert_int_eq(gemm_small_lib_get(), MS_GEMM_SMALL_OPENBLAS);
+    ms_status st = gemm_small_lib_set(MS_GEMM_SMALL_LIBXSMM);
+#ifdef MS_HAVE_LIBXSMM
+    if (cpu_path_supported(MS_CPU_PATH_V3)) ck_assert_int_eq(st, MS_OK);
+#else
+    ck_assert_int_eq(st, MS_ERR_UNSUPPORTED);
+#endif
+    if (st != MS_OK) ck_assert(strstr(ms_last_error(), "libxsmm") != NULL);
+    ck_assert_int_eq(gemm_small_lib_set((ms_gemm_small_lib)5), MS_ERR_ARG);
+    ck_assert_str_eq(gemm_small_lib_name(MS_GEMM_SMALL_LIBXSMM), "libxsmm");
+    ck_assert_str_eq(gemm_small_lib_name(MS_GEMM_SMALL_OPENBLAS), "openblas");
+    ck_assert_str_eq(gemm_small_lib_name((ms_gemm_small_lib)9), "?");
+    ck_assert_int_eq(gemm_small_lib_set(start), MS_OK);
+}
+END_TEST
+
+static int lib_count(void)
+{
+    ms_gemm_small_lib start = gemm_small_lib_get();
+    int count = gemm_small_lib_set(MS_GEMM_SMALL_LIBXSMM) == MS_OK ? 2 : 1;
+    ck_assert_int_eq(gemm_small_lib_set(start), MS_OK);
+    return count;
+}
+
+START_TEST(test_small_vs_naive)
+{
+    ms_gemm_small_lib start = gemm_small_lib_get();
+    /* (m, n, k): MiTA's routed logits (nb x 49 x 64) and outputs (nb x 64 x
+     * 98) at block sizes 1 .. 128, its probe (49 x 256 x 64), summary slice
+     * (12 x 64 x 64) and routing (128 x 49 x 64); odd sizes; k = 0 */
+    const int shapes[][3] = {{1, 49, 64},  {3, 49, 64},  {21, 49, 64}, {128, 49, 64},
+                             {1, 64, 98},  {21, 64, 98}, {127, 64, 98}, {49, 256, 64},
+                             {12, 64, 64}, {7, 13, 5},   {33, 1, 17},  {5, 9, 0}};
+    const int nshapes = (int)(sizeof shapes / sizeof shapes[0]);
+    for (int li = 0, libs = lib_count(); li < libs; li++) {
+        ck_assert_int_eq(gemm_small_lib_set((ms_gemm_small_lib)li), MS_OK);
+        for (int si = 0; si < nshapes; si++)
+            for (int acc = 0; acc < 2; acc++) {
+                int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                int lda = k + 3, ldb = n + 5, ldc = n + 2;
+                float *a = frand((size_t)m * lda + 1, 10u + (uint32_t)si, -1, 1);
+                float *b = frand((size_t)(k ? k : 1) * ldb, 20u + (uint32_t)si, -1, 1);
+                float *c = frand((size_t)m * ldc, 30u + (uint32_t)si, -1, 1);
+                float *c0 = falloc((size_t)m * ldc), *c1 = falloc((size_t)m * ldc);
+                memcpy(c0, c, (size_t)m * ldc * sizeof(float));
+                double *want = dalloc((size_t)m * ldc);
+                for (int i = 0; i < m; i++)
+                    for (int j = 0; j < n; j++) {
+                        double s = acc ? (double)c0[(size_t)i * ldc + j] : 0.0;
+                        for (int p = 0; p < k; p++)
+                            s += (double)a[(size_t)i * lda + p] * b[(size_t)p * ldb + j];
+                        want[(size_t)i * ldc + j] = s;
+                    }
+                gemm_small_nn(c, a, b, m, n, k, lda, ldb, ldc, acc);
+                char what[96];
+                snprintf(what, sizeof what, "%s %dx%dx%d accumulate %d",
+                         gemm_small_lib_name((ms_gemm_small_lib)li), m, n, k, acc);
+                for (int i = 0; i < m; i++) {
+                    check_close(c + (size_t)i * ldc, want + (size_t)i * ldc, (size_t)n, 2e-6, what);
+                    for (int j = n; j < ldc; j++)
+                        ck_assert_msg(c[(size_t)i * ldc + j] == c0[(size_t)i * ldc + j],
+                                      "%s: the gap at row %d col %d written", what, i, j);
+                }
+                /* again (a cached kernel): the same bits */
+                memcpy(c1, c0, (size_t)m * ldc * sizeof(float));
+                gemm_small_nn(c1, a, b, m, n, k, lda, ldb, ldc, acc);
+                ck_assert_msg(!memcmp(c1, c, (size_t)m * ldc * sizeof(float)),
+                              "%s: a second call differs", what);
+                ms_free(a), ms_free(b), ms_free(c), ms_free(c0), ms_free(c1), free(want);
+            }
+    }
+    /* m or n of 0: nothing written */
+    float c = 7.0f, a = 1.0f, b = 1.0f;
+    gemm_small_nn(&c, &a, &b, 0, 1, 1, 1, 1, 1, false);
+    gemm_small_nn(&c, &a, &b, 1, 0, 1, 1, 1, 1, false);
+    ck_assert_float_eq(c, 7.0f);
+    ck_assert_int_eq(gemm_small_lib_set(start), MS_OK);
+}
+END_TEST
+
+/* gemm_small_rows: with libxsmm, rows rounded up to 8 within the buffer,
+ * and a row of an m-row product the same bits as of any other row count
+ * (which is what lets MiTA compute the rounded-up rows); with OpenBLAS m. */
+START_TEST(test_small_rows)
+{
+    ms_gemm_small_lib start = gemm_small_lib_get();
+    for (int li = 0, libs = lib_count(); li < libs; li++) {
+        ck_assert_int_eq(gemm_small_lib_set((ms_gemm_small_lib)li), MS_OK);
+        bool x = li == MS_GEMM_SMALL_LIBXSMM;
+        ck_assert_int_eq(gemm_small_rows(1, 128), x ? 8 : 1);
+        ck_assert_int_eq(gemm_small_rows(8, 128), 8);
+        ck_assert_int_eq(gemm_small_rows(21, 128), x ? 24 : 21);
+        ck_assert_int_eq(gemm_small_rows(125, 128), x ? 128 : 125);
+        ck_assert_int_eq(gemm_small_rows(21, 22), x ? 22 : 21);
+        ck_assert_int_eq(gemm_small_rows(21, 21), 21);
+        if (!x) continue;
+        /* MiTA's routed shapes (n, k): every row count 1 .. 130 against 130 */
+        const int nk[][2] = {{49, 64}, {64, 98}, {256, 64}, {64, 64}};
+        for (int si = 0; si < 4; si++) {
+            int n = nk[si][0], k = nk[si][1];
+            float *a = frand((size_t)130 * k, 40u + (uint32_t)si, -1, 1);
+            float *b = frand((size_t)k * n, 50u + (uint32_t)si, -1, 1);
+            float *all = falloc((size_t)130 * n), *c = falloc((size_t)130 * n);
+            gemm_small_nn(all, a, b, 130, n, k, k, n, n, false);
+            for (int m = 1; m < 130; m++) {
+                gemm_small_nn(c, a, b, m, n, k, k, n, n, false);
+                ck_assert_msg(!memcmp(c, all, (size_t)m * n * sizeof(float)),
+                              "libxsmm %dx%dx%d: rows differ from the 130-row product's", m, n, k);
+            }
+            ms_free(a), ms_free(b), ms_free(all), ms_free(c);
+        }
+    }
+    ck_assert_int_eq(gemm_small_lib_set(start), MS_OK);
+}
+END_TEST
+
+/* More shapes than the kernel cache holds, in turn, twice: every result
+ * the same as the first time (a cache slot reused for another shape must
+ * not hand back the wrong kernel). */
+START_TEST(test_small_cache_many_shapes)
+{
+    enum { R = 130, N = 64, K = 98 };
+    float *a = frand((size_t)R * K, 1u, -1, 1), *b = frand((size_t)K * N, 2u, -1, 1);
+    float *first = falloc((size_t)R * (R + 1) / 2 * N), *c = falloc((size_t)R * N);
+    for (int pass = 0; pass < 2; pass++) {
+        size_t at = 0;
+        for (int m = 1; m <= R; m++, at += (size_t)(m - 1) * N) {
+            gemm_small_nn(c, a, b, m, N, K, K, N, N, false);
+            if (pass == 0) memcpy(first + at, c, (size_t)m * N * sizeof(float));
+            else ck_assert_msg(!memcmp(first + at, c, (size_t)m * N * sizeof(float)),
+                               "%d rows: differs on the second pass", m);
+            /* and row 0 is the one-row product's (each row alone: a row of
+             * C reads only its row of A) to float rounding */
+            double want0 = 0;
+            for (int p = 0; p < K; p++) want0 += (double)a[p] * b[(size_t)p * N];
+            ck_assert_msg(fabs(c[0] - want0) <= 1e-5, "%d rows: c[0] %g want %g", m, c[0], want0);
+        }
+    }
+    ms_free(a), ms_free(b), ms_free(first), ms_free(c);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ops_gemm_small");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_small_lib_choice);
+    tcase_add_test(tc, test_small_vs_naive);
+    tcase_add_test(tc, test_small_rows);
+    tcase_add_test(tc, test_small_cache_many_shapes);
+    suite_add_tcase(s, tc);
+    return run_suite(s);
+}
