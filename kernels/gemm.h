@@ -2,8 +2,9 @@
  * The one place the large products are made: by oneDNN's sgemm on CPUs
  * with AVX-512 where libdnnl is installed (loaded on first use), else by
  * OpenBLAS; MS_GEMM=openblas in the environment (read once) asks for
- * OpenBLAS. (The attention ops call OpenBLAS's small-matrix kernels
- * directly, which beat oneDNN's on their shapes.) Either runs
+ * OpenBLAS. (Full attention calls OpenBLAS's small-matrix kernels
+ * directly, which beat oneDNN's on its shapes; MiTA's small products go
+ * through gemm_small.h.) Either runs
  * single-threaded and the product is split across OpenMP threads, so there
  * is one thread pool: two pools (libgomp's and OpenBLAS's pthreads) spin
  * against each other and ran 2.5x slower on a DeiT-Tiny forward on 2 cores. */

@@ -11,7 +11,9 @@
  * expert's k keys and values are gathered once into
  * contiguous rows (the keys as columns, K_e^T), so that for a block of its
  * queries the routed logits are one GEMM (nq x k), and the joint softmax's
- * output one more, both NN (OpenBLAS's small-matrix kernels): the
+ * output one more, both NN (gemm_small.h: libxsmm's generated kernels,
+ * else OpenBLAS's small-matrix ones; the slices below were sized for
+ * OpenBLAS's and suit libxsmm's, which take any NN shape): the
  * weights 2^(logit - row max) over [shared | routed] (nq x (M + k), one
  * softmax, in base 2) times [Sv ; V_e] ((M + k) x d), divided by the row's
  * sum as it is scattered out. GEMMs accumulate in float like PyTorch's, so
