@@ -4,10 +4,16 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h> /* strcasecmp */
+
+#include "cpu_path.h"
 
 #ifdef MS_HAVE_LIBXSMM
 #include <libxsmm.h>
+#include <libxsmm_generator.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 static const char *const gemm_small_names[MS_GEMM_SMALL_LIB_COUNT] = {"openblas", "libxsmm"};
@@ -17,42 +23,106 @@ static bool gemm_small_xsmm_ok; /* libxsmm built in and generating kernels here 
 static char gemm_small_why[160];
 
 #ifdef MS_HAVE_LIBXSMM
-/* libxsmm's kernel for c (m, n) = a (m, k) b (k, n), row-major, or NULL.
- * libxsmm is column-major: the row-major product is its c^T = b^T a^T,
- * with b as its first operand. Dispatch finds a generated kernel in
- * libxsmm's registry (thread-safe) or generates it, once per shape. */
-static libxsmm_smmfunction xsmm_kernel(int m, int n, int k, int lda, int ldb, int ldc,
-                                       bool accumulate)
-{
-    libxsmm_blasint xm = n, xn = m, xk = k, xlda = ldb, xldb = lda, xldc = ldc;
-    float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    int flags = accumulate ? LIBXSMM_GEMM_FLAG_NONE : LIBXSMM_GEMM_FLAG_BETA_0;
-    int prefetch = LIBXSMM_PREFETCH_NONE;
-    return libxsmm_smmdispatch(xm, xn, xk, &xlda, &xldb, &xldc, &one, &beta, &flags, &prefetch);
-}
+/* libxsmm's code generator, called directly rather than through
+ * libxsmm_init and its dispatch: the init's registry took 11 MB of
+ * resident memory (+8 % peak RSS on the CamVid model), for a few dozen
+ * kernels. The kernels are kept here instead, in a table of at most
+ * XSMM_KERNELS (a shape beyond it goes to OpenBLAS), each in pages of its
+ * own made executable once written, for the process's life. */
+typedef void (*xsmm_fn)(const float *a, const float *b, float *c);
 
-/* A thread's last kernels by shape, direct-mapped: libxsmm's registry
- * lookup (a CRC of the descriptor, then a compare) was 2.5 % of a MiTA
- * layer's time (Zen 3, N = 1024), where a layer makes a few hundred
- * products of a few dozen shapes. */
-#define XSMM_CACHE 64
 typedef struct {
     int m, n, k, lda, ldb, ldc; /* m 0: empty */
     bool accumulate;
-    libxsmm_smmfunction f;
+    xsmm_fn f; /* NULL: libxsmm made none for this shape (OpenBLAS) */
 } xsmm_entry;
+
+#define XSMM_KERNELS 1024
+#define XSMM_CODE_MAX (256 * 1024) /* generator's buffer; a kernel is a few KB */
+static xsmm_entry xsmm_table[XSMM_KERNELS];
+static int xsmm_count;
+static pthread_mutex_t xsmm_lock = PTHREAD_MUTEX_INITIALIZER;
+static int xsmm_arch; /* libxsmm_cpuid_x86's answer */
+
+static bool xsmm_same(const xsmm_entry *e, int m, int n, int k, int lda, int ldb, int ldc,
+                      bool accumulate)
+{
+    return e->m == m && e->n == n && e->k == k && e->lda == lda && e->ldb == ldb &&
+           e->ldc == ldc && e->accumulate == accumulate;
+}
+
+/* Generates the kernel for c (m, n) = a (m, k) b (k, n), row-major, or
+ * NULL. libxsmm is column-major: the row-major product is its c^T = b^T
+ * a^T, with b as its first operand. */
+static xsmm_fn xsmm_generate(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate)
+{
+    libxsmm_descriptor_blob blob;
+    libxsmm_gemm_descriptor *desc = libxsmm_sgemm_descriptor_init(
+        &blob, n, m, k, ldb, lda, ldc, 1.0f, accumulate ? 1.0f : 0.0f,
+        accumulate ? LIBXSMM_GEMM_FLAG_NONE : LIBXSMM_GEMM_FLAG_BETA_0,
+        LIBXSMM_GEMM_PREFETCH_NONE);
+    if (!desc) return NULL;
+    void *buf = malloc(XSMM_CODE_MAX);
+    if (!buf) return NULL;
+    libxsmm_generated_code gc;
+    memset(&gc, 0, sizeof gc);
+    gc.generated_code = buf;
+    gc.buffer_size = XSMM_CODE_MAX;
+    gc.code_type = 2; /* machine code */
+    gc.arch = (unsigned)xsmm_arch;
+    libxsmm_generator_gemm_kernel(&gc, desc);
+    void *code = NULL;
+    if (!gc.last_error && gc.code_size > 0) {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        size_t bytes = (gc.code_size + page - 1) / page * page;
+        code = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (code == MAP_FAILED) {
+            code = NULL;
+        } else {
+            memcpy(code, buf, gc.code_size);
+            if (mprotect(code, bytes, PROT_READ | PROT_EXEC)) {
+                munmap(code, bytes);
+                code = NULL;
+            }
+        }
+    }
+    free(buf);
+    xsmm_fn f;
+    memcpy(&f, &code, sizeof f); /* object to function pointer, as dlsym's callers do */
+    return f;
+}
+
+/* The table's kernel for the shape, generated on first use. */
+static xsmm_fn xsmm_kernel(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate)
+{
+    xsmm_fn f = NULL;
+    pthread_mutex_lock(&xsmm_lock);
+    int i = 0;
+    while (i < xsmm_count && !xsmm_same(&xsmm_table[i], m, n, k, lda, ldb, ldc, accumulate)) i++;
+    if (i < xsmm_count) {
+        f = xsmm_table[i].f;
+    } else if (xsmm_count < XSMM_KERNELS) {
+        f = xsmm_generate(m, n, k, lda, ldb, ldc, accumulate);
+        xsmm_table[xsmm_count++] = (xsmm_entry){m, n, k, lda, ldb, ldc, accumulate, f};
+    }
+    pthread_mutex_unlock(&xsmm_lock);
+    return f;
+}
+
+/* A thread's last kernels by shape, direct-mapped, in front of the table
+ * and its lock: a layer makes a few hundred products of a few dozen
+ * shapes (libxsmm's own registry lookup, a CRC of the descriptor, was 2.5
+ * % of a MiTA layer's time on a Zen 3). */
+#define XSMM_CACHE 64
 static _Thread_local xsmm_entry xsmm_cache[XSMM_CACHE];
 
-static libxsmm_smmfunction xsmm_cached(int m, int n, int k, int lda, int ldb, int ldc,
-                                       bool accumulate)
+static xsmm_fn xsmm_cached(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate)
 {
-    unsigned hsh = (unsigned)m * 73u + (unsigned)n * 151u + (unsigned)k * 23u +
-                   (unsigned)lda * 7u + (unsigned)ldb * 3u + (unsigned)ldc + (accumulate ? 37u : 0u);
-    xsmm_entry *e = &xsmm_cache[hsh % XSMM_CACHE];
-    if (e->m != m || e->n != n || e->k != k || e->lda != lda || e->ldb != ldb || e->ldc != ldc ||
-        e->accumulate != accumulate) {
-        libxsmm_smmfunction f = xsmm_kernel(m, n, k, lda, ldb, ldc, accumulate);
-        if (!f) return NULL; /* not cached: OpenBLAS for this shape, asked again next time */
+    unsigned h = (unsigned)m * 73u + (unsigned)n * 151u + (unsigned)k * 23u +
+                 (unsigned)lda * 7u + (unsigned)ldb * 3u + (unsigned)ldc + (accumulate ? 37u : 0u);
+    xsmm_entry *e = &xsmm_cache[h % XSMM_CACHE];
+    if (!xsmm_same(e, m, n, k, lda, ldb, ldc, accumulate)) {
+        xsmm_fn f = xsmm_kernel(m, n, k, lda, ldb, ldc, accumulate);
         *e = (xsmm_entry){m, n, k, lda, ldb, ldc, accumulate, f};
     }
     return e->f;
@@ -62,15 +132,17 @@ static libxsmm_smmfunction xsmm_cached(int m, int n, int k, int lda, int ldb, in
 static void gemm_small_choose(void)
 {
 #ifdef MS_HAVE_LIBXSMM
-    libxsmm_init();
-    /* a kernel of MiTA's kind: where libxsmm generates none (a CPU it
-     * has no code generator for), it is of no use here */
-    gemm_small_xsmm_ok = xsmm_kernel(16, 49, 64, 64, 49, 98, false) != NULL;
+    xsmm_arch = libxsmm_cpuid_x86(NULL);
+    /* AVX2 and later only (as the v3 path), and a kernel of MiTA's kind
+     * must come out */
+    gemm_small_xsmm_ok = xsmm_arch >= LIBXSMM_X86_AVX2 && cpu_path_supported(MS_CPU_PATH_V3) &&
+                         xsmm_kernel(16, 49, 64, 64, 49, 98, false) != NULL;
+    const char *arch = libxsmm_cpuid_name(xsmm_arch);
     const char *want = getenv("MS_SMALL_GEMM");
     if (want && !*want) want = NULL;
     if (!gemm_small_xsmm_ok) {
         snprintf(gemm_small_why, sizeof gemm_small_why,
-                 "libxsmm generates no kernel on this CPU (target %s)", libxsmm_get_target_arch());
+                 "libxsmm generates no kernel on this CPU (target %s)", arch ? arch : "?");
     } else if (want && !strcasecmp(want, "openblas")) {
         snprintf(gemm_small_why, sizeof gemm_small_why, "MS_SMALL_GEMM=openblas");
     } else {
@@ -83,16 +155,14 @@ static void gemm_small_choose(void)
             shown[i] = 0;
             snprintf(gemm_small_why, sizeof gemm_small_why,
                      "libxsmm %s kernels; MS_SMALL_GEMM=%s not understood (openblas or libxsmm)",
-                     libxsmm_get_target_arch(), shown);
+                     arch, shown);
         } else {
-            snprintf(gemm_small_why, sizeof gemm_small_why,
-                     "libxsmm %s kernels%s", libxsmm_get_target_arch(),
+            snprintf(gemm_small_why, sizeof gemm_small_why, "libxsmm %s kernels%s", arch,
                      want ? "" : "; MS_SMALL_GEMM=openblas for OpenBLAS");
         }
     }
 #else
-    snprintf(gemm_small_why, sizeof gemm_small_why,
-             "built without libxsmm (Debian: libxsmm-dev)");
+    snprintf(gemm_small_why, sizeof gemm_small_why, "built without libxsmm (Debian: libxsmm-dev)");
 #endif
 }
 
@@ -133,7 +203,7 @@ void gemm_small_nn(float *c, const float *a, const float *b, int m, int n, int k
     gemm_small_init();
 #ifdef MS_HAVE_LIBXSMM
     if (gemm_small_lib == MS_GEMM_SMALL_LIBXSMM && k > 0) {
-        libxsmm_smmfunction f = xsmm_cached(m, n, k, lda, ldb, ldc, accumulate);
+        xsmm_fn f = xsmm_cached(m, n, k, lda, ldb, ldc, accumulate);
         if (f) {
             f(b, a, c);
             return;

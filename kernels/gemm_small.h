@@ -5,7 +5,7 @@
  * Haswell/Zen kernels) packs both operands and clears C first, which was
  * 21 % of a MiTA layer's time on a Zen 3 (N = 1024). libxsmm generates a
  * kernel for each shape at run time (AVX2 or AVX-512, the CPU's) and
- * makes them 1.2-2.4x faster there (1 thread). So: libxsmm where it
+ * makes them 1.15-2.4x faster there (1 thread). So: libxsmm where it
  * was built in and generates a kernel here, else OpenBLAS;
  * MS_SMALL_GEMM=openblas in the environment (read once) asks for
  * OpenBLAS. Each product is one call of one library whose bits depend on
