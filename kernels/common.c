@@ -45,6 +45,14 @@ ms_status ms_error_prefix(ms_status st, const char *fmt, ...)
 const char *ms_last_error(void) { return ms_errbuf[0] ? ms_errbuf : "unknown error"; }
 void ms_clear_error(void) { ms_errbuf[0] = '\0'; }
 
+void ms_copy_printable(char *dst, size_t size, const char *src)
+{
+    if (size == 0) return;
+    size_t i = 0;
+    for (; src[i] && i + 1 < size; i++) dst[i] = src[i] >= 0x20 && src[i] < 0x7f ? src[i] : '?';
+    dst[i] = 0;
+}
+
 void *ms_malloc(size_t bytes)
 {
     void *p = NULL;

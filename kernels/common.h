@@ -65,6 +65,9 @@ ms_status ms_error_prefix(ms_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 const char *ms_last_error(void);
 void ms_clear_error(void);
+/* dst = src cut to size - 1 bytes, every byte outside printable ASCII as
+ * '?': a user's string (an environment variable) safe to show. */
+void ms_copy_printable(char *dst, size_t size, const char *src);
 
 /* Propagate a non-OK status. */
 #define MS_TRY(call)                                   \

@@ -100,10 +100,7 @@ static void gemm_choose(void)
         snprintf(gemm_why, sizeof gemm_why, "%s, AVX-512 kernels", from);
     else { /* neither name: said (printable, cut short), not obeyed */
         char shown[41];
-        size_t i = 0;
-        for (; want[i] && i + 1 < sizeof shown; i++)
-            shown[i] = want[i] >= 0x20 && want[i] < 0x7f ? want[i] : '?';
-        shown[i] = 0;
+        ms_copy_printable(shown, sizeof shown, want);
         snprintf(gemm_why, sizeof gemm_why,
                  "%s, AVX-512 kernels; MS_GEMM=%s not understood (openblas or onednn)", from,
                  shown);

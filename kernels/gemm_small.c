@@ -149,10 +149,7 @@ static void gemm_small_choose(void)
         gemm_small_lib = MS_GEMM_SMALL_LIBXSMM;
         if (want && strcasecmp(want, "libxsmm")) { /* neither name: said, not obeyed */
             char shown[41];
-            size_t i = 0;
-            for (; want[i] && i + 1 < sizeof shown; i++)
-                shown[i] = want[i] >= 0x20 && want[i] < 0x7f ? want[i] : '?';
-            shown[i] = 0;
+            ms_copy_printable(shown, sizeof shown, want);
             snprintf(gemm_small_why, sizeof gemm_small_why,
                      "libxsmm %s kernels; MS_SMALL_GEMM=%s not understood (openblas or libxsmm)",
                      arch, shown);
