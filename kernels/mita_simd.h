@@ -57,8 +57,9 @@ MS_SIMD_DECLARE(void, mita_joint_softmax,
                 (float *lg /* (nb, m + k) */, float *inv /* (nb) */, float *mass /* (nb) */,
                  int nb, int m, int k, float scale));
 /* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats,
- * times f (exact for f = 1); scatter: the other way round, times f[r]. Inline vector copies: rows of
- * 64 floats are too short for memcpy's call to pay. */
+ * times f (exact for f = 1); scatter: the other way round, times f[r].
+ * Inline vector copies: rows of 64 floats are too short for memcpy's call
+ * to pay. */
 MS_SIMD_DECLARE(void, mita_gather_rows,
                 (float *dst /* (nr, dld) */, size_t dld, const float *src, size_t sld,
                  const int32_t *rows /* (nr) */, int nr, int d, float f));
