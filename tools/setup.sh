@@ -27,23 +27,30 @@ if [ "${1:-}" = "--dev" ]; then
          python3-pip python3-torchvision python3-scipy python3-matplotlib
          valgrind clang libclang-rt-dev libomp-dev)
 fi
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+# the release has a candidate for it (read whole: grep -q would cut
+# apt-cache off, SIGPIPE under pipefail)
+candidate() {
+  local cand
+  cand=$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  [ -n "$cand" ] && [ "$cand" != "(none)" ]
+}
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || missing+=("$p")
 done
 have_optional=no
 for p in "${optional[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" && have_optional=yes
+  installed "$p" && have_optional=yes
 done
 have_xsmm=no
-dpkg-query -W -f='${Status}' "$want_xsmm" 2>/dev/null | grep -q "install ok installed" && have_xsmm=yes
+installed "$want_xsmm" && have_xsmm=yes
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 if [ ${#missing[@]} -gt 0 ] || [ "$have_optional" = no ] || [ "$have_xsmm" = no ]; then
   $SUDO apt-get update -qq
 fi
 if [ "$have_xsmm" = no ]; then
-  cand=$(apt-cache policy "$want_xsmm" 2>/dev/null | sed -n 's/^ *Candidate: //p')
-  if [ -n "$cand" ] && [ "$cand" != "(none)" ]; then
+  if candidate "$want_xsmm"; then
     missing+=("$want_xsmm")
   else
     echo "setup: no $want_xsmm here: OpenBLAS makes MiTA's small products"
@@ -51,9 +58,7 @@ if [ "$have_xsmm" = no ]; then
 fi
 if [ "$have_optional" = no ]; then
   for p in "${optional[@]}"; do
-    # read whole (grep -q would cut apt-cache off: SIGPIPE under pipefail)
-    cand=$(apt-cache policy "$p" 2>/dev/null | sed -n 's/^ *Candidate: //p')
-    if [ -n "$cand" ] && [ "$cand" != "(none)" ]; then
+    if candidate "$p"; then
       missing+=("$p")
       have_optional=yes
       break
