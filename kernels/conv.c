@@ -65,28 +65,42 @@ typedef struct {
 
 static int round_up(int a, int m) { return (a + m - 1) / m * m; }
 
+/* Bands are cut for CONV_PLAN_THREADS threads whatever the thread count
+ * (as attention_full.c cuts its query blocks), so that a conv's GEMM calls,
+ * and so its bits, never follow --threads: OpenBLAS rounds a row otherwise
+ * in a call of other columns (the stem's bands changed the last bits at 2
+ * threads on Zen 3). Each slice stays within the plan's share of
+ * MS_CONV_SCRATCH_FLOATS, so the scratch is at most a slice per thread. */
+#define CONV_PLAN_THREADS 2
+#define CONV_SLICE_FLOATS (MS_CONV_SCRATCH_FLOATS / CONV_PLAN_THREADS)
+/* avail for the sizing functions: a slice (at least one row) per thread */
+#define CONV_UNLIMITED ((size_t)-1 / 4)
+
 /* Splits n_rows output rows of row_cols columns into bands of about
- * CONV_BAND_COLS columns, as many as a multiple of the thread count (so the
- * static schedule is balanced), with threads slices fitting in avail floats.
- * threads is 0 if not even one row fits. */
+ * CONV_BAND_COLS columns, a multiple of CONV_PLAN_THREADS of them (so 2
+ * threads' static schedule is balanced), each band's slice within
+ * CONV_SLICE_FLOATS and avail; then as many of threads as have a slice in
+ * avail (0 if not even one row fits). The bands depend on avail only where
+ * it holds less than one slice of the plan: below the callers' sizes. */
 static band_plan band_plan_make(int n_rows, int row_cols, size_t per_row, size_t fixed,
                                 int threads, size_t avail)
 {
     band_plan p;
     int rows = CONV_BAND_COLS / (row_cols > 0 ? row_cols : 1);
     rows = rows < 1 ? 1 : (rows > n_rows ? n_rows : rows);
-    if (threads > n_rows) threads = n_rows;
-    int bands = round_up((n_rows + rows - 1) / rows, threads);
+    int pt = CONV_PLAN_THREADS < n_rows ? CONV_PLAN_THREADS : n_rows;
+    int bands = round_up((n_rows + rows - 1) / rows, pt);
     rows = (n_rows + bands - 1) / bands;
-    /* shrink the band, then the thread count, until the slices fit */
-    while (rows > 1 && (size_t)threads * (per_row * rows + fixed) > avail) rows--;
-    while (threads > 0 && (size_t)threads * (per_row * rows + fixed) > avail) threads--;
+    size_t cap = CONV_SLICE_FLOATS < avail ? CONV_SLICE_FLOATS : avail;
+    while (rows > 1 && per_row * rows + fixed > cap) rows--;
     bands = (n_rows + rows - 1) / rows;
-    if (threads > 1 && round_up(bands, threads) <= n_rows) bands = round_up(bands, threads);
+    if (round_up(bands, pt) <= n_rows) bands = round_up(bands, pt);
     p.rows = (n_rows + bands - 1) / bands;
     p.bands = bands;
-    p.threads = threads;
     p.slice = per_row * p.rows + fixed;
+    if (threads > bands) threads = bands;
+    while (threads > 0 && (size_t)threads * p.slice > avail) threads--;
+    p.threads = threads;
     return p;
 }
 
@@ -518,17 +532,12 @@ size_t conv2d_scratch_floats(int ci, int h, int wd, int co, int kh, int kw, int 
     if (conv2d_is_wino(ci, h, wd, co, kh, kw, stride, pad))
         return conv2d_winograd_scratch_floats(ci, h, wd, co);
     if (stride == 1) {
-        size_t per_row, fixed;
-        implicit_costs(&per_row, &fixed, ci, co, kh, kw, wd + 2 * pad);
-        size_t avail = MS_CONV_SCRATCH_FLOATS > per_row + fixed ? MS_CONV_SCRATCH_FLOATS
-                                                                : per_row + fixed;
-        band_plan p = implicit_plan(ci, h, wd, co, kh, kw, pad, threads, avail);
+        band_plan p = implicit_plan(ci, h, wd, co, kh, kw, pad, threads, CONV_UNLIMITED);
         return implicit_weight_floats(ci, co, kh, kw) + (size_t)p.threads * p.slice;
     }
     int ho = conv_out_size(h, kh, stride, pad), wo = conv_out_size(wd, kw, stride, pad);
     size_t row = (size_t)ci * kh * kw * wo; /* im2col columns of one output row */
-    size_t avail = MS_CONV_SCRATCH_FLOATS > row ? MS_CONV_SCRATCH_FLOATS : row;
-    band_plan p = band_plan_make(ho, wo, row, 0, threads, avail);
+    band_plan p = band_plan_make(ho, wo, row, 0, threads, CONV_UNLIMITED);
     return (size_t)p.threads * p.slice;
 }
 
@@ -564,8 +573,7 @@ void conv2d_cpu(float *out, const float *in, const float *w, const float *b, int
 size_t conv_transpose2x2_scratch_floats(int ci, int h, int wd, int co)
 {
     size_t row = (size_t)4 * co * wd; /* GEMM result of one input row */
-    size_t avail = MS_CONV_SCRATCH_FLOATS > row ? MS_CONV_SCRATCH_FLOATS : row;
-    band_plan p = band_plan_make(h, wd, row, 0, conv_threads(), avail);
+    band_plan p = band_plan_make(h, wd, row, 0, conv_threads(), CONV_UNLIMITED);
     return (size_t)p.threads * p.slice;
 }
 

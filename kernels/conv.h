@@ -13,7 +13,10 @@ MS_HD int conv_out_size(int in, int k, int stride, int pad)
 
 /* Scratch cap: the CPU convs work a band of output rows at a time per
  * thread, so a 2048-channel 3x3 conv on a 128x128 map does not need a 1.2 GB
- * column matrix. At least one row is always allowed. */
+ * column matrix. The bands are cut for 2 threads whatever the count (the
+ * same bits at any), each thread's slice within half of this: 2 threads
+ * stay within it, more take up to half of it each. At least one row is
+ * always allowed. */
 #define MS_CONV_SCRATCH_FLOATS ((size_t)4 << 20)
 
 #ifdef __cplusplus

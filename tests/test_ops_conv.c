@@ -7,8 +7,8 @@
  * counts that are not multiples of 8), stride 1 and 2, pad 0/1/3, kernels
  * 1, 3 and 7, bias on and off, every activation; workspaces from the sizing
  * function down to one im2col row (many bands, fewer threads, the fallback
- * from implicit to im2col); 1, 2 and 3 threads, and Winograd's bits the
- * same at 1 to 4; every CPU path this machine has (and CMake runs the file
+ * from implicit to im2col); 1, 2 and 3 threads, and every path's bits the
+ * same at 1 to 5; every CPU path this machine has (and CMake runs the file
  * again with MS_CPU_PATH=base).
  *
  * Every workspace is filled with NaN (a junk value that reached an output
@@ -220,40 +220,62 @@ START_TEST(test_conv2d_nested)
 }
 END_TEST
 
-/* Winograd cuts its bands and channel chunks by the layer's size alone
- * (the sized workspace), and calls each GEMM whole inside its parallel
- * region: the same bits at 1 to 4 threads, byte for byte. (The implicit
- * GEMM's bands and the pointwise GEMM's column chunks follow the thread
- * count, and OpenBLAS may round a row differently in a call of another
- * size: no such promise there.) */
-START_TEST(test_conv2d_winograd_same_bits_any_threads)
+/* Every path cuts its work by the layer's size alone (bands cut for two
+ * threads whatever the count; Winograd's bands and channel chunks by the
+ * sized workspace) and calls each GEMM whole inside its parallel region:
+ * the same bits at 1 to 5 threads, byte for byte. OpenBLAS may round a row
+ * otherwise in a call of other columns, so a cut that followed the thread
+ * count gave other last bits (the stem's bands on Zen 3's kernels). Shapes
+ * of several bands and column chunks: transposed (k = 2, stride 2: the 2x2
+ * transposed conv), pointwise with and without the output pass, implicit
+ * GEMM (3x3 under 32 channels, 7x7), im2col (stride 2), Winograd. */
+START_TEST(test_conv2d_same_bits_any_threads)
 {
     const struct {
         int ci, h, wd, co, k, st, pad;
     } cs[] = {
         {40, 46, 61, 36, 3, 1, 1},  /* Winograd, 3 tile rows short of 12 x 16 */
         {40, 9, 200, 36, 3, 1, 1},  /* Winograd, 3 tile rows of 50 */
+        {24, 45, 61, 20, 3, 1, 1},  /* implicit GEMM, 45 rows of 63 */
+        {5, 37, 70, 9, 7, 1, 3},    /* implicit GEMM, 7x7 */
+        {16, 90, 120, 24, 3, 2, 1}, /* im2col, 45 rows of 60 */
+        {3, 121, 161, 16, 3, 2, 1}, /* im2col, a stem's first conv */
+        {48, 45, 60, 40, 1, 1, 0},  /* pointwise, 3 column chunks */
+        {24, 23, 30, 16, 2, 2, 0},  /* the 2x2 transposed conv */
     };
     int start_threads = max_threads();
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         int ci = cs[i].ci, h = cs[i].h, wd = cs[i].wd, co = cs[i].co, k = cs[i].k;
         int st = cs[i].st, pad = cs[i].pad;
-        size_t no = (size_t)co * conv_out_size(h, k, st, pad) * conv_out_size(wd, k, st, pad);
+        bool transposed = k == 2;
+        size_t no = transposed ? (size_t)co * 4 * h * wd
+                               : (size_t)co * conv_out_size(h, k, st, pad) *
+                                     conv_out_size(wd, k, st, pad);
         float *in = frand((size_t)ci * h * wd, 4000 + (uint32_t)i, -1.0f, 1.0f);
         float *w = frand((size_t)co * ci * k * k, 4100 + (uint32_t)i, -1.0f, 1.0f);
         float *b = frand(co, 4200 + (uint32_t)i, -1.0f, 1.0f), *one = falloc(no);
-        for (int t = 1; t <= 4; t++) {
-            set_threads(t);
-            size_t n = conv2d_scratch_floats(ci, h, wd, co, k, k, st, pad);
-            float *ws = n ? ws_alloc(n) : NULL, *out = t == 1 ? one : falloc(no);
-            conv2d_cpu(out, in, w, b, ci, h, wd, co, k, k, st, pad, MS_ACT_RELU, ws, n);
-            if (t > 1) {
-                ck_assert_msg(memcmp(out, one, no * sizeof(float)) == 0,
-                              "conv case %zu: %d threads differ from 1", i, t);
-                ms_free(out);
+        /* pass 1 without bias and activation: the pointwise conv is then one
+         * GEMM call, the others skip the output pass's bias */
+        for (int pass = 0; pass < 2; pass++)
+            for (int t = 1; t <= 5; t++) {
+                set_threads(t);
+                const float *bias = pass ? NULL : b;
+                ms_act act = pass ? MS_ACT_NONE : MS_ACT_RELU;
+                size_t n = transposed ? conv_transpose2x2_scratch_floats(ci, h, wd, co)
+                                      : conv2d_scratch_floats(ci, h, wd, co, k, k, st, pad);
+                float *ws = n ? ws_alloc(n) : NULL, *out = t == 1 ? one : falloc(no);
+                if (transposed)
+                    conv_transpose2x2_cpu(out, in, w, bias, ci, h, wd, co, act, ws, n);
+                else
+                    conv2d_cpu(out, in, w, bias, ci, h, wd, co, k, k, st, pad, act, ws, n);
+                if (t > 1) {
+                    ck_assert_msg(memcmp(out, one, no * sizeof(float)) == 0,
+                                  "conv case %zu (ci %d %dx%d co %d k %d s %d, pass %d): %d "
+                                  "threads differ from 1", i, ci, h, wd, co, k, st, pass, t);
+                    ms_free(out);
+                }
+                if (ws) ws_check_free(ws, n, "same bits");
             }
-            if (ws) ws_check_free(ws, n, "same bits");
-        }
         ms_free(in); ms_free(w); ms_free(b); ms_free(one);
     }
     set_threads(start_threads);
@@ -396,7 +418,7 @@ int main(void)
     tcase_add_test(tc, test_conv2d_paths);
     tcase_add_test(tc, test_conv2d_many_bands);
     tcase_add_test(tc, test_conv2d_nested);
-    tcase_add_test(tc, test_conv2d_winograd_same_bits_any_threads);
+    tcase_add_test(tc, test_conv2d_same_bits_any_threads);
     tcase_add_test(tc, test_conv2d_winograd);
     tcase_add_test(tc, test_conv_transpose_paths);
     suite_add_tcase(s, tc);
