@@ -515,7 +515,8 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
         /* rows past nb: stale, computed and ignored (gemm_small_rows) */
         int nbr = gemm_small_rows(nb, MITA_QB);
         gemm_small_nn(lg + m, qb, ke, nbr, k, d, d, k, mk, false);
-        mita_joint_softmax(lg, inv, rec && rec->shared_mass ? mass : NULL, nb, m, k, s_shared2);
+        mita_joint_softmax(lg, inv, rec && rec->shared_mass ? mass : NULL, e, nb, m, k,
+                           s_shared2);
         for (int r = 0; rec && r < nb; r++) {
             size_t at = (size_t)h * n + mita_report_pos(qs[r], ncls, n);
             if (rec->route) rec->route[at] = e;

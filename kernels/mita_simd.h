@@ -51,11 +51,12 @@ MS_SIMD_DECLARE(void, mita_rank_desc,
  * shared logits row[0..m) (R[q, :]) and the routed ones row[m..m+k), both
  * in units that `scale` (log2(e) included) turns into base-2 logits: each
  * row becomes 2^(logit - the row's max), inv[r] = 1 / its sum, mass[r]
- * (mass not NULL) = the shared part's share. A row with a NaN or infinite
- * logit gets inv NaN. */
+ * (mass not NULL) = the shared part's share. Every row's shared part has
+ * its max at column e (the expert the rows are routed to: R's argmax). A
+ * row with a NaN or infinite logit gets inv NaN. */
 MS_SIMD_DECLARE(void, mita_joint_softmax,
                 (float *lg /* (nb, m + k) */, float *inv /* (nb) */, float *mass /* (nb) */,
-                 int nb, int m, int k, float scale));
+                 int e, int nb, int m, int k, float scale));
 /* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats,
  * times f (exact for f = 1); scatter: the other way round, times f[r].
  * Inline vector copies: rows of 64 floats are too short for memcpy's call
@@ -108,10 +109,10 @@ static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32
 {
     MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n, np);
 }
-static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int nb, int m, int k,
-                                      float scale)
+static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int e, int nb, int m,
+                                      int k, float scale)
 {
-    MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, nb, m, k, scale);
+    MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, e, nb, m, k, scale);
 }
 static inline void mita_gather_rows(float *dst, size_t dld, const float *src, size_t sld,
                                     const int32_t *rows, int nr, int d, float f)

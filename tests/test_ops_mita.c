@@ -612,37 +612,47 @@ END_TEST
 
 START_TEST(test_mita_joint_softmax_paths)
 {
-    /* Rows of m shared and k routed logits against the softmax in double
-     * (2^(x scale)), with odd m, k; a NaN or an infinite logit makes the
+    /* Rows of m shared logits (their max at column e, as R's at the route)
+     * and k routed ones against the softmax in double (2^(x scale)), with
+     * odd m, k; a NaN or an infinite logit, shared or routed, makes the
      * row's 1 / sum NaN. The summaries' mita_exp2_sum likewise. */
     const int mks[][2] = {{1, 1}, {3, 5}, {49, 49}, {9, 200}, {64, 16}};
     ms_cpu_path start = cpu_path_get();
     for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
         for (size_t c = 0; c < sizeof mks / sizeof mks[0]; c++) {
-            int m = mks[c][0], k = mks[c][1], mk = m + k, nb = 5;
+            int m = mks[c][0], k = mks[c][1], mk = m + k, nb = 6, e = m / 2;
             float *lg = frand((size_t)nb * mk, 40u + (uint32_t)c, -20.0f, 20.0f);
-            double *want = dalloc((size_t)nb * mk), wmass[5];
-            float inv[5], mass[5], scale = 0.37f;
-            lg[(size_t)1 * mk + mk - 1] = 60.0f; /* a routed logit far above the rest */
+            /* the shared max at e, the runner-up next to it: a shift other
+             * than the row's max would clamp both (2^126) and weigh them
+             * alike */
+            for (int r = 0; r < nb; r++) {
+                lg[(size_t)r * mk + e] += 400.0f;
+                if (m > 1) lg[(size_t)r * mk + (e + 1) % m] = lg[(size_t)r * mk + e] - 1.0f;
+            }
+            double *want = dalloc((size_t)nb * mk), wmass[6];
+            float inv[6], mass[6], scale = 0.37f;
+            lg[(size_t)1 * mk + mk - 1] = 500.0f; /* a routed logit far above the rest */
             for (int r = 0; r < nb; r++) {
                 double mx = -INFINITY, sum = 0, sa = 0;
                 for (int i = 0; i < mk; i++) mx = fmax(mx, (double)lg[r * mk + i] * scale);
                 for (int i = 0; i < mk; i++) {
-                    double e = exp2((double)lg[r * mk + i] * scale - mx);
-                    want[r * mk + i] = e;
-                    sum += e;
-                    sa += i < m ? e : 0;
+                    double ex = exp2((double)lg[r * mk + i] * scale - mx);
+                    want[r * mk + i] = ex;
+                    sum += ex;
+                    sa += i < m ? ex : 0;
                 }
                 for (int i = 0; i < mk; i++) want[r * mk + i] /= sum;
                 wmass[r] = sa / sum;
             }
-            lg[(size_t)3 * mk] = NAN;
-            lg[(size_t)4 * mk + mk / 2] = INFINITY;
-            mita_joint_softmax(lg, inv, mass, nb, m, k, scale);
+            lg[(size_t)3 * mk + m] = NAN;
+            lg[(size_t)4 * mk + m + k / 2] = INFINITY;
+            lg[(size_t)5 * mk + (m - 1) / 2] = m > 1 ? INFINITY : NAN; /* a shared one */
+            mita_joint_softmax(lg, inv, mass, e, nb, m, k, scale);
             for (int r = 0; r < nb; r++) {
                 if (r >= 3) {
-                    ck_assert(isnan(inv[r]));
+                    ck_assert_msg(isnan(inv[r]), "path %d m %d k %d row %d: inv %g", pi, m, k,
+                                  r, inv[r]);
                     continue;
                 }
                 for (int i = 0; i < mk; i++)
@@ -651,7 +661,7 @@ START_TEST(test_mita_joint_softmax_paths)
                                   k, r, i, lg[r * mk + i] * inv[r], want[r * mk + i]);
                 ck_assert(fabs(mass[r] - wmass[r]) <= 2e-6);
             }
-            mita_joint_softmax(lg, inv, NULL, 1, m, k, scale); /* no mass asked */
+            mita_joint_softmax(lg, inv, NULL, e, 1, m, k, scale); /* no mass asked */
             /* the summaries' row exp: 2^(x scale - shift) and its sum */
             float *row = frand((size_t)mk, 60u + (uint32_t)c, -20.0f, 20.0f), mx = row[0];
             for (int i = 1; i < mk; i++) mx = fmaxf(mx, row[i]);
