@@ -497,6 +497,65 @@ static void joint_softmax_row(float *row, float *inv, int mk, float scale)
     /* z: NaN lanes where the row held a NaN or an infinity (as exp2_sum) */
     *inv = _mm512_cmp_ps_mask(z, z, _CMP_UNORD_Q) ? NAN : 1.0f / _mm512_reduce_add_ps(sum);
 }
+#elif defined(__AVX2__)
+/* v3: the same with 8 lanes, the tails by masked loads and stores (as
+ * compiled the tails went scalar and the max was a call a row). */
+static inline __m256i tail_mask8(int t)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline float hmax8(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float hsum8(__m256 v)
+{
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
+}
+
+static inline float row_max(const float *row, int n)
+{
+    int nv = n / 8, t = n % 8;
+    __m256 mx = _mm256_set1_ps(-INFINITY);
+    for (int v = 0; v < nv; v++) mx = _mm256_max_ps(mx, _mm256_loadu_ps(row + 8 * v));
+    if (t) {
+        __m256i tm = tail_mask8(t);
+        __m256 x = _mm256_maskload_ps(row + 8 * nv, tm);
+        mx = _mm256_max_ps(mx, _mm256_blendv_ps(mx, x, _mm256_castsi256_ps(tm)));
+    }
+    return hmax8(mx);
+}
+
+/* *inv: the row's shift (max times scale) on entry */
+static void joint_softmax_row(float *row, float *inv, int mk, float scale)
+{
+    int nv = mk / 8, t = mk % 8;
+    __m256 sc = _mm256_set1_ps(scale), sh = _mm256_set1_ps(*inv);
+    __m256 sum = _mm256_setzero_ps(), z = _mm256_setzero_ps(), zero = _mm256_setzero_ps();
+    for (int v = 0; v < nv; v++) {
+        __m256 x = _mm256_loadu_ps(row + 8 * v);
+        __m256 e = exp2_clamped_v8(_mm256_fmsub_ps(x, sc, sh));
+        _mm256_storeu_ps(row + 8 * v, e);
+        sum = _mm256_add_ps(sum, e);
+        z = _mm256_fmadd_ps(x, zero, z);
+    }
+    if (t) {
+        __m256i tm = tail_mask8(t);
+        __m256 x = _mm256_maskload_ps(row + 8 * nv, tm); /* 0 past the tail */
+        __m256 e = exp2_clamped_v8(_mm256_fmsub_ps(x, sc, sh));
+        _mm256_maskstore_ps(row + 8 * nv, tm, e);
+        sum = _mm256_add_ps(sum, _mm256_and_ps(e, _mm256_castsi256_ps(tm)));
+        z = _mm256_fmadd_ps(x, zero, z);
+    }
+    /* z: NaN lanes where the row held a NaN or an infinity (as exp2_sum) */
+    *inv = _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q)) ? NAN : 1.0f / hsum8(sum);
+}
 #else
 static inline float row_max(const float *row, int mk) { return MS_SIMD_FN(mita_max)(row, mk); }
 

@@ -77,6 +77,32 @@ static inline float exp2_clamped(float x)
     return p * scale.f;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+/* exp2_clamped on 8 lanes, for loops with masked tails: the same clamps,
+ * rounding (to nearest, by the same adds), polynomial (with fused
+ * multiply-adds) and 2^n by the exponent bits as the scalar form. */
+static inline __m256 exp2_clamped_v8(__m256 x)
+{
+    __m256i b = _mm256_castps_si256(x);
+    b = _mm256_min_epi32(b, _mm256_set1_epi32(EXP2_HIGH_BITS));
+    b = _mm256_min_epu32(b, _mm256_set1_epi32((int32_t)EXP2_LOW_BITS));
+    __m256 v = _mm256_castsi256_ps(b);
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)),
+                             _mm256_set1_ps(12582912.0f));
+    __m256 f = _mm256_sub_ps(v, n);
+    __m256 p = _mm256_set1_ps(1.5353361960e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398875017e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6184369177e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503323674e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022647738e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718246e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 /* exp2_clamped on 16 lanes, written out for loops whose 512-bit tails the
