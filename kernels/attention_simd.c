@@ -131,7 +131,7 @@ void MS_SIMD_FN(attn_scale_rows)(float *x /* (rows, cols), row stride ld */, int
     }
 }
 
-/* ---- The fused kernel (x86-64-v4): attention_simd.h, attn_fused_rows. ----
+/* ---- The fused kernel (x86-64-v4 and v3): attention_simd.h, attn_fused_rows. ----
  * Why: OpenBLAS on these shapes (k = d = 64 for the scores, n = d for
  * tile @ V) spent 14 % of the time packing operands, the score tile made
  * a second trip through memory for the exponentials, and beta = 0 cleared
@@ -145,9 +145,13 @@ void MS_SIMD_FN(attn_scale_rows)(float *x /* (rows, cols), row stride ld */, int
 #define FUSED_CHUNK 64 /* keys per register block (4 vectors) */
 #define UNROLL _Pragma("GCC unroll 8")
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define ATTN_FUSED 1
+#endif
+
 bool MS_SIMD_FN(attn_fused_has)(int d)
 {
-#if defined(__AVX512F__)
+#ifdef ATTN_FUSED
     return d == 32 || d == 64 || d == 128;
 #else
     (void)d;
@@ -250,12 +254,15 @@ static void fused_scores_rows(float *p, int ldp, const float *q, size_t ldq, con
     }
 }
 
+/* Rows per block of the output product: at most 24 accumulators. */
+static int fused_pv_rows(int d) { return d == 128 ? 3 : FUSED_ROWS; }
+
 #define FUSED_PV_CASE(R, DV) \
     case (R) * 16 + (DV): fused_pv(o, ldo, corr, p, ldp, v, ldv, nk, R, DV); break
 static void fused_pv_block(float *o, size_t ldo, const float *corr, const float *p, int ldp,
-                           const float *v, size_t ldv, int nk, int R, int dv)
+                           const float *v, size_t ldv, int nk, int R, int d)
 {
-    switch (R * 16 + dv) {
+    switch (R * 16 + d / 16) {
         FUSED_PV_CASE(1, 2); FUSED_PV_CASE(2, 2); FUSED_PV_CASE(3, 2);
         FUSED_PV_CASE(4, 2); FUSED_PV_CASE(5, 2); FUSED_PV_CASE(6, 2);
         FUSED_PV_CASE(1, 4); FUSED_PV_CASE(2, 4); FUSED_PV_CASE(3, 4);
@@ -291,6 +298,129 @@ static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /
     *l = *l * *corr + _mm512_reduce_add_ps(sum);
     *m = mn;
 }
+#elif defined(ATTN_FUSED)
+/* v3 (AVX2 + FMA, 16 registers of 8 lanes): the same kernel in smaller
+ * register blocks. Logits: 6 queries x 16 keys (12 accumulators), the 64-key
+ * chunk in four such steps, those wholly past the last key skipped;
+ * outputs: 6 queries x 16 columns likewise, the head's d in blocks of 16. The tile's max is kept in 8 of the 16 lanes per row. */
+#define AINLINE static inline __attribute__((always_inline))
+#define FUSED_SUB 16 /* keys per logits block */
+
+AINLINE void fused_scores(float *p /* (R, ldp) */, int ldp, const float *q /* (R, d), ldq */,
+                          size_t ldq, const float *ktc /* (d, 64) */, int d, float s, int nv,
+                          float *vmax /* (R, 16) */, float *bad /* (R) */, const int R)
+{
+    const __m256 sv = _mm256_set1_ps(s), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 mx[FUSED_ROWS];
+    int nan[FUSED_ROWS];
+    UNROLL for (int r = 0; r < R; r++) {
+        mx[r] = _mm256_loadu_ps(vmax + 16 * r);
+        nan[r] = 0;
+    }
+    for (int sc = 0; sc < FUSED_CHUNK && sc < nv; sc += FUSED_SUB) {
+        __m256 acc[FUSED_ROWS][2];
+        UNROLL for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+        for (int t = 0; t < d; t++) {
+            const float *kr = ktc + (size_t)t * FUSED_CHUNK + sc;
+            __m256 k0 = _mm256_loadu_ps(kr), k1 = _mm256_loadu_ps(kr + 8);
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 qb = _mm256_set1_ps(q[(size_t)r * ldq + t]);
+                acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
+            }
+        }
+        UNROLL for (int v = 0; v < 2; v++) {
+            int left = nv - sc - 8 * v;
+            __m256 live = _mm256_castsi256_ps(tail_mask8(left < 8 ? left : 8));
+            UNROLL for (int r = 0; r < R; r++) {
+                __m256 x = _mm256_blendv_ps(ninf, _mm256_mul_ps(acc[r][v], sv), live);
+                _mm256_storeu_ps(p + (size_t)r * ldp + sc + 8 * v, x);
+                nan[r] |= _mm256_movemask_ps(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+                mx[r] = _mm256_max_ps(x, mx[r]); /* a NaN x leaves mx as it was */
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) {
+        _mm256_storeu_ps(vmax + 16 * r, mx[r]);
+        if (nan[r]) bad[r] = 1.0f;
+    }
+}
+
+/* o[r][0..16) = corr[r] o[r] + p[r] @ V over nk keys (corr NULL: 1): the
+ * logits' block turned round, 6 queries x 16 columns in 12 accumulators. */
+AINLINE void fused_pv(float *o /* (R, 16), ldo */, size_t ldo, const float *corr /* (R) */,
+                      const float *p /* (R, ldp) */, int ldp, const float *v /* (nk, ldv) */,
+                      size_t ldv, int nk, const int R)
+{
+    __m256 acc[FUSED_ROWS][2];
+    UNROLL for (int r = 0; r < R; r++) {
+        __m256 cr = _mm256_set1_ps(corr ? corr[r] : 1.0f);
+        UNROLL for (int u = 0; u < 2; u++)
+            acc[r][u] = _mm256_mul_ps(cr, _mm256_loadu_ps(o + (size_t)r * ldo + 8 * u));
+    }
+    for (int j = 0; j < nk; j++) {
+        const float *vj = v + (size_t)j * ldv;
+        __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+        UNROLL for (int r = 0; r < R; r++) {
+            __m256 pb = _mm256_set1_ps(p[(size_t)r * ldp + j]);
+            acc[r][0] = _mm256_fmadd_ps(pb, v0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(pb, v1, acc[r][1]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++)
+        UNROLL for (int u = 0; u < 2; u++)
+            _mm256_storeu_ps(o + (size_t)r * ldo + 8 * u, acc[r][u]);
+}
+
+#define FUSED_SCORES_CASE(R) \
+    case R: fused_scores(p, ldp, q, ldq, ktc, d, s, nv, vmax, bad, R); break
+static void fused_scores_rows(float *p, int ldp, const float *q, size_t ldq, const float *ktc,
+                              int d, float s, int nv, float *vmax, float *bad, int R)
+{
+    switch (R) {
+        FUSED_SCORES_CASE(1); FUSED_SCORES_CASE(2); FUSED_SCORES_CASE(3);
+        FUSED_SCORES_CASE(4); FUSED_SCORES_CASE(5); FUSED_SCORES_CASE(6);
+    default: break;
+    }
+}
+
+static int fused_pv_rows(int d) { return (void)d, FUSED_ROWS; }
+
+#define FUSED_PV_CASE(R) \
+    case R: fused_pv(o + c0, ldo, corr, p, ldp, v + c0, ldv, nk, R); break
+static void fused_pv_block(float *o, size_t ldo, const float *corr, const float *p, int ldp,
+                           const float *v, size_t ldv, int nk, int R, int d)
+{
+    for (int c0 = 0; c0 < d; c0 += 16) {
+        switch (R) {
+            FUSED_PV_CASE(1); FUSED_PV_CASE(2); FUSED_PV_CASE(3);
+            FUSED_PV_CASE(4); FUSED_PV_CASE(5); FUSED_PV_CASE(6);
+        default: break;
+        }
+    }
+}
+
+/* As the v4 one, with 8 lanes. */
+static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /* (16) */,
+                              float *m, float *l, float *corr, float *bad)
+{
+    float tmx = hmax8(_mm256_loadu_ps(vmax));
+    float mn = *m > tmx ? *m : tmx;
+    if (mn == INFINITY) *bad = 1.0f;
+    float shift = mn == -INFINITY || mn == INFINITY ? 0.0f : mn;
+    *corr = *m == -INFINITY ? 0.0f : exp2_clamped(*m - shift);
+    const __m256 sh = _mm256_set1_ps(shift);
+    __m256 sum = _mm256_setzero_ps();
+    /* lanes past nk hold -inf (fused_scores' 16-key steps), whose
+     * exp2_clamped_v8 is 0 exactly: no mask (v4's scalef gives 2^-127) */
+    for (int j = 0; j < nk; j += 8) {
+        __m256 e = exp2_clamped_v8(_mm256_sub_ps(_mm256_loadu_ps(row + j), sh));
+        _mm256_storeu_ps(row + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    *l = *l * *corr + hsum8(sum);
+    *m = mn;
+}
 #endif
 
 void MS_SIMD_FN(attn_fused_rows)(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
@@ -298,10 +428,10 @@ void MS_SIMD_FN(attn_fused_rows)(float *out /* (n, c) */, const float *qkv /* (n
                                  int d, int h, int q0, int nq, int kb,
                                  float *ws /* (ATTN_FUSED_WS_FLOATS(nq, kb)) */)
 {
-#if defined(__AVX512F__)
+#ifdef ATTN_FUSED
     const size_t ld = 3 * (size_t)c;
     const float s = 1.44269504088896341f / sqrtf((float)d); /* log2 units, as attention_block */
-    const int dv = d / 16, pvr = dv == 8 ? 3 : FUSED_ROWS; /* at most 24 accumulators */
+    const int pvr = fused_pv_rows(d);
     float *p = ws;                          /* (nq, kb) logits, then weights */
     float *vmax = p + (size_t)nq * kb;      /* (nq, 16) the tile's max, by lane */
     float *m = vmax + (size_t)nq * 16;      /* (nq) running max */
@@ -336,7 +466,7 @@ void MS_SIMD_FN(attn_fused_rows)(float *out /* (n, c) */, const float *qkv /* (n
             for (int g = 0; g < nq; g += pvr)
                 fused_pv_block(o + (size_t)g * c, (size_t)c, j == 0 ? corr + g : NULL,
                                p + (size_t)g * kb + j, kb, vh + (size_t)(k0 + j) * ld, ld, nc,
-                               nq - g < pvr ? nq - g : pvr, dv);
+                               nq - g < pvr ? nq - g : pvr, d);
         }
     }
     for (int i = 0; i < nq; i++) {

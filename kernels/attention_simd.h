@@ -40,7 +40,7 @@ MS_SIMD_DECLARE(void, attn_scale_rows,
                 (float *x /* (rows, cols), row stride ld */, int rows, int cols, long ld,
                  const float *f /* (rows) */));
 
-/* The fused kernel (x86-64-v4 only; attention_full.c uses it where
+/* The fused kernel (x86-64-v4 and v3; attention_full.c uses it where
  * attn_fused_has says so): whether this path has it for head dim d. */
 MS_SIMD_DECLARE(bool, attn_fused_has, (int d));
 

@@ -499,26 +499,8 @@ static void joint_softmax_row(float *row, float *inv, int mk, float scale)
 }
 #elif defined(__AVX2__)
 /* v3: the same with 8 lanes, the tails by masked loads and stores (as
- * compiled the tails went scalar and the max was a call a row). */
-static inline __m256i tail_mask8(int t)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-static inline float hmax8(__m256 v)
-{
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
-
-static inline float hsum8(__m256 v)
-{
-    __m128 m = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
-}
-
+ * compiled the tails went scalar and the max was a call a row; the lane
+ * helpers are simd_math.h's). */
 static inline float row_max(const float *row, int n)
 {
     int nv = n / 8, t = n % 8;

@@ -57,13 +57,23 @@ static void two_pass_attention(double *out /* (n, c) */, const float *qkv /* (n,
 }
 
 /* Random inputs, or a ramp (below); `scale` sets the logits' magnitude. */
-enum { INPUT_RANDOM, INPUT_RAMP };
+enum { INPUT_RANDOM, INPUT_RAMP, INPUT_NEGATIVE };
 static float *make_qkv(int n, int c, int kind, float scale, uint32_t seed)
 {
     float *qkv = falloc((size_t)n * 3 * c);
     rand_fill(qkv, (size_t)n * 3 * c, seed, -1.0f, 1.0f);
     for (size_t i = 0; i < (size_t)n * 3 * c; i++)
         if ((i % (3 * (size_t)c)) < 2 * (size_t)c) qkv[i] *= scale; /* q and k */
+    if (kind == INPUT_NEGATIVE) {
+        /* q near -scale (1, ..., 1), k near +scale: every logit far below 0
+         * (hundreds), so a row's max is far below the 0 logits that padded
+         * keys would give, if any lane past the last key counted */
+        for (int j = 0; j < n; j++)
+            for (int t = 0; t < c; t++) {
+                qkv[(size_t)j * 3 * c + t] = -scale + 0.1f * qkv[(size_t)j * 3 * c + t];
+                qkv[(size_t)j * 3 * c + c + t] = scale + 0.1f * qkv[(size_t)j * 3 * c + c + t];
+            }
+    }
     if (kind == INPUT_RAMP) {
         /* key j leans along (1, 1, ..., 1) by an amount growing with j, and
          * half the queries lean the same way, half the other: for the
@@ -136,6 +146,8 @@ START_TEST(test_attention_against_two_pass)
         {300, 24, 5, 33, 7, INPUT_RAMP, 6.0f},    /* logits in the hundreds, tiny tiles */
         {513, 32, 4, 0, 0, INPUT_RANDOM, 2.0f},   /* one past the default blocks */
         {130, 64, 6, 64, 128, INPUT_RAMP, 2.0f},  /* DeiT-S's heads, d = 64 */
+        {100, 64, 2, 0, 0, INPUT_NEGATIVE, 4.0f},  /* logits near -128: 100 = 64 + 36 */
+        {70, 32, 3, 0, 0, INPUT_NEGATIVE, 5.0f},   /* near -141, 70 = 64 + 6 */
     };
     ms_cpu_path start = cpu_path_get();
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
