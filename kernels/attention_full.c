@@ -8,11 +8,12 @@
  *   1.1-1.2x less CPU time than the OpenBLAS kernel below on a 2-core
  *   Xeon, N = 1024-16384; v3 on a Zen 3: 2.62 against 2.73 ms at N = 690,
  *   3 heads, 95 against 97-100 at 4096, warm loops of bench_attention);
- * - otherwise (the baseline path) one sgemm makes the score tile, the online softmax (base 2,
- *   one vectorised pass per row: attention_simd.c) turns it into weights
- *   against each query's running reference and rescales what was
- *   accumulated so far only when that reference moves, a second sgemm adds
- *   tile @ V straight into the output. Two sgemms are about 90 % of the time.
+ * - otherwise (the baseline path) one sgemm makes the score tile, the
+ *   online softmax (base 2, one vectorised pass per row: attention_simd.c)
+ *   turns it into weights against each query's running reference and
+ *   rescales what was accumulated so far only when that reference moves, a
+ *   second sgemm adds tile @ V straight into the output. Two sgemms are
+ *   about 90 % of the time.
  *
  * Threads take whole (head, query block) items and call single-threaded
  * sgemm: alternating OpenMP loops with multi-threaded OpenBLAS calls per key

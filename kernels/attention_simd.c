@@ -302,7 +302,8 @@ static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /
 /* v3 (AVX2 + FMA, 16 registers of 8 lanes): the same kernel in smaller
  * register blocks. Logits: 6 queries x 16 keys (12 accumulators), the 64-key
  * chunk in four such steps, those wholly past the last key skipped;
- * outputs: 6 queries x 16 columns likewise, the head's d in blocks of 16. The tile's max is kept in 8 of the 16 lanes per row. */
+ * outputs: 6 queries x 16 columns likewise, the head's d in blocks of 16.
+ * The tile's max is kept in 8 of the 16 lanes per row. */
 #define AINLINE static inline __attribute__((always_inline))
 #define FUSED_SUB 16 /* keys per logits block */
 

@@ -98,7 +98,8 @@ static inline __m256 exp2_clamped_v8(__m256 x)
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022647738e-1f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718246e-1f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
+    e = _mm256_slli_epi32(e, 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
