@@ -170,6 +170,21 @@ void MS_SIMD_FN(attn_pack_kt)(float *kt /* (d, 64) */, const float *qkv /* (n, 3
     }
 }
 
+#ifdef ATTN_FUSED
+/* A tile row's shift: its exact max tmx joins the running max *m (updated
+ * here), *corr the rescale of the row's output so far; +inf sets *bad. */
+static float fused_row_shift(float tmx, float *m, float *corr, float *bad)
+{
+    float mn = *m > tmx ? *m : tmx;
+    /* +inf: 2^(inf - inf), the plain softmax's NaN for the whole row */
+    if (mn == INFINITY) *bad = 1.0f;
+    float shift = mn == -INFINITY || mn == INFINITY ? 0.0f : mn;
+    *corr = *m == -INFINITY ? 0.0f : exp2_clamped(*m - shift);
+    *m = mn;
+    return shift;
+}
+#endif
+
 #if defined(__AVX512F__)
 #define AINLINE static inline __attribute__((always_inline))
 
@@ -240,20 +255,6 @@ AINLINE void fused_pv(float *o /* (R, d), ldo */, size_t ldo, const float *corr 
             _mm512_storeu_ps(o + (size_t)r * ldo + 16 * u, acc[r][u]);
 }
 
-/* The register blocks' shapes as compile-time constants, so that acc[][]
- * lives in registers. */
-#define FUSED_SCORES_CASE(R) \
-    case R: fused_scores(p, ldp, q, ldq, ktc, d, s, nv, vmax, bad, R); break
-static void fused_scores_rows(float *p, int ldp, const float *q, size_t ldq, const float *ktc,
-                              int d, float s, int nv, float *vmax, float *bad, int R)
-{
-    switch (R) {
-        FUSED_SCORES_CASE(1); FUSED_SCORES_CASE(2); FUSED_SCORES_CASE(3);
-        FUSED_SCORES_CASE(4); FUSED_SCORES_CASE(5); FUSED_SCORES_CASE(6);
-    default: break;
-    }
-}
-
 /* Rows per block of the output product: at most 24 accumulators. */
 static int fused_pv_rows(int d) { return d == 128 ? 3 : FUSED_ROWS; }
 
@@ -278,12 +279,7 @@ static void fused_pv_block(float *o, size_t ldo, const float *corr, const float 
 static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /* (16) */,
                               float *m, float *l, float *corr, float *bad)
 {
-    float tmx = _mm512_reduce_max_ps(_mm512_loadu_ps(vmax));
-    float mn = *m > tmx ? *m : tmx;
-    /* +inf: 2^(inf - inf), the plain softmax's NaN for the whole row */
-    if (mn == INFINITY) *bad = 1.0f;
-    float shift = mn == -INFINITY || mn == INFINITY ? 0.0f : mn;
-    *corr = *m == -INFINITY ? 0.0f : exp2_clamped(*m - shift);
+    float shift = fused_row_shift(_mm512_reduce_max_ps(_mm512_loadu_ps(vmax)), m, corr, bad);
     const __m512 sh = _mm512_set1_ps(shift);
     __m512 sum = _mm512_setzero_ps();
     for (int j = 0; j < nk; j += 16) {
@@ -296,7 +292,6 @@ static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /
         sum = _mm512_add_ps(sum, e);
     }
     *l = *l * *corr + _mm512_reduce_add_ps(sum);
-    *m = mn;
 }
 #elif defined(ATTN_FUSED)
 /* v3 (AVX2 + FMA, 16 registers of 8 lanes): the same kernel in smaller
@@ -373,17 +368,6 @@ AINLINE void fused_pv(float *o /* (R, 16), ldo */, size_t ldo, const float *corr
             _mm256_storeu_ps(o + (size_t)r * ldo + 8 * u, acc[r][u]);
 }
 
-#define FUSED_SCORES_CASE(R) \
-    case R: fused_scores(p, ldp, q, ldq, ktc, d, s, nv, vmax, bad, R); break
-static void fused_scores_rows(float *p, int ldp, const float *q, size_t ldq, const float *ktc,
-                              int d, float s, int nv, float *vmax, float *bad, int R)
-{
-    switch (R) {
-        FUSED_SCORES_CASE(1); FUSED_SCORES_CASE(2); FUSED_SCORES_CASE(3);
-        FUSED_SCORES_CASE(4); FUSED_SCORES_CASE(5); FUSED_SCORES_CASE(6);
-    default: break;
-    }
-}
 
 static int fused_pv_rows(int d) { return (void)d, FUSED_ROWS; }
 
@@ -405,11 +389,7 @@ static void fused_pv_block(float *o, size_t ldo, const float *corr, const float 
 static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /* (16) */,
                               float *m, float *l, float *corr, float *bad)
 {
-    float tmx = hmax8(_mm256_loadu_ps(vmax));
-    float mn = *m > tmx ? *m : tmx;
-    if (mn == INFINITY) *bad = 1.0f;
-    float shift = mn == -INFINITY || mn == INFINITY ? 0.0f : mn;
-    *corr = *m == -INFINITY ? 0.0f : exp2_clamped(*m - shift);
+    float shift = fused_row_shift(hmax8(_mm256_loadu_ps(vmax)), m, corr, bad);
     const __m256 sh = _mm256_set1_ps(shift);
     __m256 sum = _mm256_setzero_ps();
     /* lanes past nk hold -inf (fused_scores' 16-key steps), whose
@@ -420,7 +400,22 @@ static void fused_row_softmax(float *row /* (nk) */, int nk, const float *vmax /
         sum = _mm256_add_ps(sum, e);
     }
     *l = *l * *corr + hsum8(sum);
-    *m = mn;
+}
+#endif
+
+#ifdef ATTN_FUSED
+/* The register blocks' shapes as compile-time constants, so that acc[][]
+ * lives in registers. */
+#define FUSED_SCORES_CASE(R) \
+    case R: fused_scores(p, ldp, q, ldq, ktc, d, s, nv, vmax, bad, R); break
+static void fused_scores_rows(float *p, int ldp, const float *q, size_t ldq, const float *ktc,
+                              int d, float s, int nv, float *vmax, float *bad, int R)
+{
+    switch (R) {
+        FUSED_SCORES_CASE(1); FUSED_SCORES_CASE(2); FUSED_SCORES_CASE(3);
+        FUSED_SCORES_CASE(4); FUSED_SCORES_CASE(5); FUSED_SCORES_CASE(6);
+    default: break;
+    }
 }
 #endif
 

@@ -330,16 +330,8 @@ START_TEST(test_same_bits_any_threads)
 #ifdef __SANITIZE_ADDRESS__
     return;
 #endif
-    char path[4096];
-    snprintf(path, sizeof path, "%s/assets/models/camvid-mita.safetensors",
-             getenv("MS_SRC") ? getenv("MS_SRC") : ".");
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "note: %s not found; default-model case not run\n", path);
-        return;
-    }
-    fclose(f);
-    check_same_bits_any_threads(path, 480, 360);
+    const char *path = shipped_model_path();
+    if (path) check_same_bits_any_threads(path, 480, 360);
 }
 END_TEST
 

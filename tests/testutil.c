@@ -23,6 +23,20 @@ const char *fixture_path(const char *name)
     return buf;
 }
 
+const char *shipped_model_path(void)
+{
+    static _Thread_local char buf[4096];
+    snprintf(buf, sizeof buf, "%s/assets/models/camvid-mita.safetensors",
+             getenv("MS_SRC") ? getenv("MS_SRC") : ".");
+    FILE *f = fopen(buf, "rb");
+    if (!f) {
+        fprintf(stderr, "note: %s not found; default-model case not run\n", buf);
+        return NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
 void rand_fill(float *x, size_t n, uint32_t seed, float lo, float hi)
 {
     uint64_t s = seed * 2654435761u + 1;

@@ -8,6 +8,9 @@
 
 /* Path of a fixture file: $MS_FIXTURES/name (static buffer per call site). */
 const char *fixture_path(const char *name);
+/* The shipped model ($MS_SRC/assets/models/camvid-mita.safetensors), or
+ * NULL with a note on stderr where it is not there (per-thread buffer). */
+const char *shipped_model_path(void);
 /* Deterministic uniform floats in [lo, hi). */
 void rand_fill(float *x, size_t n, uint32_t seed, float lo, float hi);
 /* max |a-b| and max |b|. */
