@@ -150,13 +150,18 @@ static const uint64_t pack_lanes[256] = {
     0x0000070605040302ull, 0x0007060504030200ull, 0x0007060504030201ull, 0x0706050403020100ull,
 };
 
+/* Unsigned keys with their sign bit flipped: AVX2 compares signed, and
+ * so flipped they order as the unsigned ones. */
+static inline __m256i keys_signed(__m256i kv)
+{
+    return _mm256_xor_si256(kv, _mm256_set1_epi32((int)0x80000000u));
+}
+
 /* The lanes of an 8-key vector whose unsigned key >= t, as a bit mask
- * (tb: t with its sign bit flipped, so that a signed compare orders as
- * unsigned). */
+ * (tb: t through keys_signed). */
 static inline int lanes_at_least(__m256i kv, __m256i tb)
 {
-    const __m256i flip = _mm256_set1_epi32((int)0x80000000u);
-    __m256i lt = _mm256_cmpgt_epi32(tb, _mm256_xor_si256(kv, flip));
+    __m256i lt = _mm256_cmpgt_epi32(tb, keys_signed(kv));
     return ~_mm256_movemask_ps(_mm256_castsi256_ps(lt)) & 0xff;
 }
 
@@ -189,7 +194,7 @@ int MS_SIMD_FN(mita_collect_at_least_u32)(uint32_t *val, int32_t *pos, const uin
      * was 5.8 % of a MiTA layer's samples on a Zen 3 at N = 1024, where
      * most 32-key blocks hold a candidate, this 3.3 %. Stores of all 8
      * lanes stay in bounds, nc <= i. */
-    const __m256i tb = _mm256_set1_epi32((int)(t ^ 0x80000000u));
+    const __m256i tb = keys_signed(_mm256_set1_epi32((int)t));
     const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (; i + 8 <= n; i += 8) {
         __m256i kv = _mm256_loadu_si256((const __m256i *)(key + i));
@@ -234,7 +239,7 @@ int MS_SIMD_FN(mita_compact_at_least_u32)(uint32_t *key, int32_t *pos, int n, ui
         nc += __builtin_popcount(hit);
     }
 #elif defined(__AVX2__)
-    const __m256i tb = _mm256_set1_epi32((int)(t ^ 0x80000000u));
+    const __m256i tb = keys_signed(_mm256_set1_epi32((int)t));
     for (; i + 8 <= n; i += 8) { /* as mita_collect_at_least_u32, in place */
         __m256i kv = _mm256_loadu_si256((const __m256i *)(key + i));
         __m256i pv = _mm256_loadu_si256((const __m256i *)(pos + i));
@@ -384,22 +389,20 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
     }
 #elif defined(__AVX2__)
     /* The same on 8 lanes (v3: 3.9 % of the layer's samples with the
-     * per-key count, N = 1024, 3 heads). AVX2 compares signed: the keys
-     * with their top bit flipped order as the unsigned ones. The compare's
-     * -1 lanes are subtracted. */
+     * per-key count, N = 1024, 3 heads), on keys_signed's keys; the
+     * compare's -1 lanes are subtracted. */
     if (np <= 128) {
         int nv = (np + 7) / 8;
         __m256i kv[16], rk[16];
-        const __m256i flip = _mm256_set1_epi32((int)0x80000000u);
         for (int v = 0; v < nv; v++) {
-            kv[v] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(key + 8 * v)), flip);
+            kv[v] = keys_signed(_mm256_loadu_si256((const __m256i *)(key + 8 * v)));
             rk[v] = _mm256_setzero_si256();
         }
         if (nv <= 8) { /* k <= 64 (MiTA's 49): 8 ranks in registers, unrolled */
             for (int v = nv; v < 8; v++) kv[v] = _mm256_set1_epi32(INT32_MIN); /* below all */
             __m256i r0 = rk[0], r1 = r0, r2 = r0, r3 = r0, r4 = r0, r5 = r0, r6 = r0, r7 = r0;
             for (int i = 0; i < n; i++) {
-                __m256i ki = _mm256_set1_epi32((int)(key[i] ^ 0x80000000u));
+                __m256i ki = keys_signed(_mm256_set1_epi32((int)key[i]));
                 r0 = _mm256_sub_epi32(r0, _mm256_cmpgt_epi32(ki, kv[0]));
                 r1 = _mm256_sub_epi32(r1, _mm256_cmpgt_epi32(ki, kv[1]));
                 r2 = _mm256_sub_epi32(r2, _mm256_cmpgt_epi32(ki, kv[2]));
@@ -413,7 +416,7 @@ void MS_SIMD_FN(mita_rank_desc)(int32_t *idx, const uint32_t *key, const int32_t
             rk[4] = r4, rk[5] = r5, rk[6] = r6, rk[7] = r7;
         } else {
             for (int i = 0; i < n; i++) {
-                __m256i ki = _mm256_set1_epi32((int)(key[i] ^ 0x80000000u));
+                __m256i ki = keys_signed(_mm256_set1_epi32((int)key[i]));
                 for (int v = 0; v < nv; v++)
                     rk[v] = _mm256_sub_epi32(rk[v], _mm256_cmpgt_epi32(ki, kv[v]));
             }

@@ -35,6 +35,14 @@ static inline float simd_gelu(float x)
 /* Bits of -127.0f and of 126.0f. */
 #define EXP2_LOW_BITS 0xC2FE0000u
 #define EXP2_HIGH_BITS 0x42FC0000
+/* 2^f on [-1/2, 1/2], highest power first: every form below uses these */
+#define EXP2_C6 1.5353361960e-4f
+#define EXP2_C5 1.3398875017e-3f
+#define EXP2_C4 9.6184369177e-3f
+#define EXP2_C3 5.5503323674e-2f
+#define EXP2_C2 2.4022647738e-1f
+#define EXP2_C1 6.9314718246e-1f
+#define EXP2_ROUND 12582912.0f /* 1.5 * 2^23: x + it - it rounds x to an integer */
 
 /* 2^x for x <= 126, inlined so the row loops vectorise into straight-line
  * code: 20 vector instructions per 8 values, load, store and sum included,
@@ -61,14 +69,14 @@ static inline float exp2_clamped(float x)
     v.u = v.u < EXP2_LOW_BITS ? v.u : EXP2_LOW_BITS;
     /* round to nearest by adding and taking away 1.5 * 2^23 (plain float
      * adds; rintf has no vector form before SSE4.1) */
-    float n = (v.f + 12582912.0f) - 12582912.0f;
+    float n = (v.f + EXP2_ROUND) - EXP2_ROUND;
     float f = v.f - n;
-    float p = 1.5353361960e-4f;
-    p = p * f + 1.3398875017e-3f;
-    p = p * f + 9.6184369177e-3f;
-    p = p * f + 5.5503323674e-2f;
-    p = p * f + 2.4022647738e-1f;
-    p = p * f + 6.9314718246e-1f;
+    float p = EXP2_C6;
+    p = p * f + EXP2_C5;
+    p = p * f + EXP2_C4;
+    p = p * f + EXP2_C3;
+    p = p * f + EXP2_C2;
+    p = p * f + EXP2_C1;
     p = p * f + 1.0f;
     union {
         int32_t i;
@@ -88,15 +96,15 @@ static inline __m256 exp2_clamped_v8(__m256 x)
     b = _mm256_min_epi32(b, _mm256_set1_epi32(EXP2_HIGH_BITS));
     b = _mm256_min_epu32(b, _mm256_set1_epi32((int32_t)EXP2_LOW_BITS));
     __m256 v = _mm256_castsi256_ps(b);
-    __m256 n = _mm256_sub_ps(_mm256_add_ps(v, _mm256_set1_ps(12582912.0f)),
-                             _mm256_set1_ps(12582912.0f));
+    __m256 n = _mm256_sub_ps(_mm256_add_ps(v, _mm256_set1_ps(EXP2_ROUND)),
+                             _mm256_set1_ps(EXP2_ROUND));
     __m256 f = _mm256_sub_ps(v, n);
-    __m256 p = _mm256_set1_ps(1.5353361960e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398875017e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6184369177e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5503323674e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022647738e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718246e-1f));
+    __m256 p = _mm256_set1_ps(EXP2_C6);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C5));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP2_C1));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127));
     e = _mm256_slli_epi32(e, 23);
@@ -139,12 +147,12 @@ static inline __m512 exp2_clamped_v16(__m512 x)
     __m512 v = _mm512_castsi512_ps(b);
     __m512 n = _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 f = _mm512_sub_ps(v, n);
-    __m512 p = _mm512_set1_ps(1.5353361960e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3398875017e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6184369177e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5503323674e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022647738e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718246e-1f));
+    __m512 p = _mm512_set1_ps(EXP2_C6);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C5));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_C1));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
