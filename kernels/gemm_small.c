@@ -211,10 +211,15 @@ void gemm_small_nn(float *c, const float *a, const float *b, int m, int n, int k
                 accumulate ? 1.0f : 0.0f, c, ldc);
 }
 
-int gemm_small_rows(int m, int max_rows)
+/* count rounded up to a multiple of 8 with libxsmm, at most max (>= count) */
+static int gemm_small_round(int count, int max)
 {
     gemm_small_init();
-    if (gemm_small_lib != MS_GEMM_SMALL_LIBXSMM) return m;
-    int r = (m + 7) & ~7;
-    return r < max_rows ? r : (max_rows > m ? max_rows : m);
+    if (gemm_small_lib != MS_GEMM_SMALL_LIBXSMM) return count;
+    int r = (count + 7) & ~7;
+    return r < max ? r : (max > count ? max : count);
 }
+
+int gemm_small_rows(int m, int max_rows) { return gemm_small_round(m, max_rows); }
+
+int gemm_small_cols(int n, int max_cols) { return gemm_small_round(n, max_cols); }

@@ -45,4 +45,14 @@ void gemm_small_nn(float *c /* (m, n), row stride ldc */, const float *a /* (m, 
  * its kernels round otherwise at other row counts. */
 int gemm_small_rows(int m, int max_rows);
 
+/* Columns to compute for a product of n columns whose rows in the
+ * caller's buffers have room for max_cols (>= n), the columns past n
+ * computed from whatever the operands hold there and then ignored: with
+ * libxsmm n rounded up to a multiple of 8 (at most max_cols), so that no
+ * vector of its kernels is masked (n = 49, MiTA's experts and routed
+ * keys: 69 GF/s against 86 for 56 columns of which 49 are used, 1 thread,
+ * Zen 3); each column from its column of B alone, the same bits whatever
+ * the columns (test_ops_gemm_small). With OpenBLAS n. */
+int gemm_small_cols(int n, int max_cols);
+
 #endif

@@ -94,6 +94,11 @@ static int probe_slice(int m, int d)
  * stay in L2 next to the expert's keys and values. */
 #define MITA_QB 128
 
+/* Row strides of the routing logits (m) and the routed logits' keys (k):
+ * whole 8-float vectors, so that gemm_small_cols can compute padded
+ * columns; fixed whatever the library, so the sizes are too. */
+static int mita_pad8(int n) { return (n + 7) & ~7; }
+
 void mita_clamp(int *gh, int *gw, int *k, int hp, int wp, const ms_mita_params *p)
 {
     int n = p->ncls + hp * wp;
@@ -103,12 +108,12 @@ void mita_clamp(int *gh, int *gw, int *k, int hp, int wp, const ms_mita_params *
 }
 
 typedef struct {
-    float *scores;  /* (heads, n, m) routing logits R */
+    float *scores;  /* (heads, n, pad8(m)) routing logits R */
     float *sv;      /* (heads, m, d) shared summaries */
     int32_t *idx;   /* (heads, m, k) routed sets, best first */
     int32_t *route; /* (heads, n) expert of each query */
     float *land;    /* (m, c) landmarks, all heads */
-    float *landt;   /* (c, m) the same, transposed: R = Q L^T as an NN GEMM */
+    float *landt;   /* (c, pad8(m)) the same, transposed, 0 past m: R = Q L^T as an NN GEMM */
     float *thread;  /* (chunks, thread_layout bytes) sort and work buffers */
     atomic_int *next; /* the next item to take */
     atomic_int *done; /* (heads + 1) phase 1 items finished per head, then landmark rows */
@@ -169,15 +174,15 @@ static void expert_group_rows(int *e0, int *e1, int j, int groups, int m)
 
 /* Per-thread work buffer: phase 1, a group's probe rows (g, n), their
  * sums, one row's top-k scratch, a transposed slice of K (d, slice) and
- * the slice's positions; phase 2, the expert's keys (d, k), the
+ * the slice's positions; phase 2, the expert's keys (d, pad8(k)), the
  * summaries and its values (m + k, d), a query block (QB, d), its logits
- * (QB, m + k), outputs (QB, d), shared masses and 1 / sums (QB). */
+ * (QB, m + pad8(k)), outputs (QB, d), shared masses and 1 / sums (QB). */
 static size_t work_floats(int n, int m, int k, int d, int g)
 {
     size_t probe = (size_t)g * (n + 1) + mita_topk_floats(n, k) +
                    (size_t)probe_slice(m, d) * (d + 1);
-    size_t routed =
-        ((size_t)m + 2 * (size_t)k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + k + 2);
+    size_t kp = (size_t)mita_pad8(k);
+    size_t routed = (kp + m + k) * d + (size_t)MITA_QB * (2 * (size_t)d + m + kp + 2);
     return probe > routed ? probe : routed;
 }
 
@@ -207,12 +212,12 @@ static size_t mita_layout(mita_ws *w, void *base, int n, int c, int heads, int m
     int d = c / heads;
     size_t off = 0;
     mita_thread th;
-    w->scores = carve(b, &off, (size_t)heads * n * m * sizeof(float));
+    w->scores = carve(b, &off, (size_t)heads * n * mita_pad8(m) * sizeof(float));
     w->sv = carve(b, &off, (size_t)heads * m * d * sizeof(float));
     w->idx = carve(b, &off, (size_t)heads * m * k * sizeof(int32_t));
     w->route = carve(b, &off, (size_t)heads * n * sizeof(int32_t));
     w->land = carve(b, &off, (size_t)m * c * sizeof(float));
-    w->landt = carve(b, &off, (size_t)m * c * sizeof(float));
+    w->landt = carve(b, &off, (size_t)mita_pad8(m) * c * sizeof(float));
     w->thread =
         carve(b, &off, (size_t)chunks * thread_layout(&th, NULL, n, c, heads, m, k, chunks));
     w->next = carve(b, &off, sizeof(atomic_int));
@@ -357,12 +362,16 @@ float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n,
 }
 
 /* Row gy of L = adaptive average pool of q (all c channels) to (gh, gw);
- * qkv: the grid tokens only (spec 2.7: the class token is not pooled). */
-static void mita_landmarks(float *land /* (gh*gw, c) */, float *landt /* (c, gh*gw) */,
+ * qkv: the grid tokens only (spec 2.7: the class token is not pooled).
+ * Row 0 also zeroes L^T's padding. */
+static void mita_landmarks(float *land /* (gh*gw, c) */, float *landt /* (c, mp) */,
                            const float *qkv /* (hp*wp, 3c) */, int hp, int wp, int c, int gh,
                            int gw, int gy)
 {
     size_t ld = 3 * (size_t)c;
+    int m = gh * gw, mp = mita_pad8(m);
+    for (int ch = 0; gy == 0 && ch < c; ch++)
+        for (int mi = m; mi < mp; mi++) landt[(size_t)ch * mp + mi] = 0.0f;
     for (int mi = gy * gw; mi < (gy + 1) * gw; mi++) {
         int gx = mi % gw;
         int y0 = adaptive_pool_start(gy, hp, gh), y1 = adaptive_pool_end(gy, hp, gh);
@@ -374,7 +383,7 @@ static void mita_landmarks(float *land /* (gh*gw, c) */, float *landt /* (c, gh*
         float cnt = (float)((y1 - y0) * (x1 - x0));
 #pragma omp simd /* -O2: GCC 12 vectorises only with the pragma; apart from the strided copy */
         for (int ch = 0; ch < c; ch++) l[ch] /= cnt;
-        for (int ch = 0; ch < c; ch++) landt[(size_t)ch * gh * gw + mi] = l[ch];
+        for (int ch = 0; ch < c; ch++) landt[(size_t)ch * mp + mi] = l[ch];
     }
 }
 
@@ -427,16 +436,17 @@ static void mita_experts(const mita_ws *w, const float *qkv /* (n, 3c) */,
 /* Routing logits R = Q L^T of queries [q0, q1) of head h and their routes
  * e = argmax R[q, :] (ties to the lower expert). With L^T stored, an NN
  * GEMM: OpenBLAS runs it with its small-matrix kernel, where Q L^T took
- * the packing path. */
+ * the packing path; libxsmm's computes L^T's padding columns too. */
 static void mita_route(const mita_ws *w, const float *qkv /* (n, 3c) */,
-                       const float *landt /* (c, m) */, int n, int c, int d, int h, int m,
+                       const float *landt /* (c, mp) */, int n, int c, int d, int h, int m,
                        int q0, int q1)
 {
     size_t ld = 3 * (size_t)c;
-    float *r = w->scores + ((size_t)h * n + q0) * m;
-    gemm_small_nn(r, qkv + (size_t)q0 * ld + (size_t)h * d, landt + (size_t)h * d * m, q1 - q0,
-                  m, d, (int)ld, m, m, false);
-    mita_argmax_rows(w->route + (size_t)h * n + q0, r, q1 - q0, m);
+    int mp = mita_pad8(m);
+    float *r = w->scores + ((size_t)h * n + q0) * mp;
+    gemm_small_nn(r, qkv + (size_t)q0 * ld + (size_t)h * d, landt + (size_t)h * d * mp, q1 - q0,
+                  gemm_small_cols(m, mp), d, (int)ld, mp, mp, false);
+    mita_argmax_rows(w->route + (size_t)h * n + q0, r, q1 - q0, m, mp);
 }
 
 /* Waits until *count reaches want: spins briefly (the items waited for
@@ -479,20 +489,23 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
                         int p1)
 {
     size_t ld = 3 * (size_t)c;
-    int mk = m + k;
+    int mk = m + k, mp = mita_pad8(m), kp = mita_pad8(k), lgld = m + kp;
     /* routed logits q.k s in the shared ones' units q.l: the softmax then
      * scales both by s_sh log2(e) (base 2) */
     float s = mita_scale(d) / s_shared, s_shared2 = s_shared * MITA_LOG2E;
     const int32_t *route = w->route + (size_t)h * n;
-    const float *scores = w->scores + (size_t)h * n * m; /* (n, m) */
-    float *ke = th->work;                  /* (d, k) the expert's keys, transposed */
-    float *sve = ke + (size_t)k * d;       /* (m + k, d) summaries, then its values */
+    const float *scores = w->scores + (size_t)h * n * mp; /* (n, mp) */
+    float *ke = th->work;                  /* (d, kp) the expert's keys, transposed */
+    float *sve = ke + (size_t)kp * d;      /* (m + k, d) summaries, then its values */
     float *qb = sve + (size_t)mk * d;      /* (QB, d) query block */
-    float *lg = qb + (size_t)MITA_QB * d;  /* (QB, m + k) logits, then weights */
-    float *ob = lg + (size_t)MITA_QB * mk; /* (QB, d) outputs */
+    float *lg = qb + (size_t)MITA_QB * d;  /* (QB, m + kp) logits, then weights */
+    float *ob = lg + (size_t)MITA_QB * lgld; /* (QB, d) outputs */
     float *mass = ob + (size_t)MITA_QB * d; /* (QB) shared masses */
     float *inv = mass + MITA_QB;            /* (QB) 1 / softmax sums */
-    if (p1 > p0) memcpy(sve, w->sv + (size_t)h * m * d, (size_t)m * d * sizeof(float));
+    if (p1 <= p0) return;
+    memcpy(sve, w->sv + (size_t)h * m * d, (size_t)m * d * sizeof(float));
+    for (int t = 0; t < d; t++) /* the keys' padding: the logits' columns past k, ignored */
+        for (int j = k; j < kp; j++) ke[(size_t)t * kp + j] = 0.0f;
     int have = -1; /* expert whose rows are in ke, sve */
     for (int p = p0; p < p1;) {
         int e = route[th->order[p]];
@@ -503,7 +516,7 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
         const int32_t *qs = th->order + p; /* the block's queries */
         if (e != have) {
             const int32_t *ids = w->idx + ((size_t)h * m + e) * k;
-            mita_gather_rows_t(ke, k, qkv + c + (size_t)h * d, ld, ids, k, d);
+            mita_gather_rows_t(ke, kp, qkv + c + (size_t)h * d, ld, ids, k, d);
             mita_gather_rows(sve + (size_t)m * d, d, qkv + 2 * (size_t)c + (size_t)h * d, ld, ids,
                              k, d, 1.0f);
             have = e;
@@ -511,18 +524,19 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
         /* the queries times s, not the product (gemm_small_nn has alpha 1):
          * exact where s is a power of 2 (d = 64: 1 or 8) */
         mita_gather_rows(qb, d, qkv + (size_t)h * d, ld, qs, nb, d, s);
-        mita_gather_rows(lg, mk, scores, m, qs, nb, m, 1.0f);
-        /* rows past nb: stale, computed and ignored (gemm_small_rows) */
+        mita_gather_rows(lg, lgld, scores, mp, qs, nb, m, 1.0f);
+        /* rows past nb: stale, computed and ignored (gemm_small_rows);
+         * columns past k: from ke's zero padding, ignored */
         int nbr = gemm_small_rows(nb, MITA_QB);
-        gemm_small_nn(lg + m, qb, ke, nbr, k, d, d, k, mk, false);
-        mita_joint_softmax(lg, inv, rec && rec->shared_mass ? mass : NULL, e, nb, m, k,
+        gemm_small_nn(lg + m, qb, ke, nbr, gemm_small_cols(k, kp), d, d, kp, lgld, false);
+        mita_joint_softmax(lg, lgld, inv, rec && rec->shared_mass ? mass : NULL, e, nb, m, k,
                            s_shared2);
         for (int r = 0; rec && r < nb; r++) {
             size_t at = (size_t)h * n + mita_report_pos(qs[r], ncls, n);
             if (rec->route) rec->route[at] = e;
             if (rec->shared_mass) rec->shared_mass[at] = mass[r];
         }
-        gemm_small_nn(ob, lg, sve, nbr, d, mk, mk, d, d, false);
+        gemm_small_nn(ob, lg, sve, nbr, d, mk, lgld, d, d, false);
         mita_scatter_rows_scaled(out + (size_t)h * d, c, ob, d, qs, inv, nb, d);
         p = end;
     }

@@ -272,10 +272,10 @@ int MS_SIMD_FN(mita_count_at_least_u32)(const uint32_t *key, int n, uint32_t t)
  * vector holding it by compare and movemask. Rows with a NaN take
  * argmax_first (maxps and the chain treat NaNs differently); -0 and +0
  * compare equal in both. The base path keeps the scalar loop. */
-void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int m)
+void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int m, int ld)
 {
     for (int r = 0; r < rows; r++) {
-        const float *row = x + (size_t)r * m;
+        const float *row = x + (size_t)r * ld;
 #ifdef __AVX512F__
         /* 16 lanes, the tail masked in (m = 49: 3 vectors and 1 lane,
          * where 8 lanes took 6 and a scalar one) */
@@ -551,8 +551,8 @@ static void joint_softmax_row(float *row, float *inv, int mk, float scale)
 }
 #endif
 
-void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int e, int nb, int m,
-                                    int k, float scale)
+void MS_SIMD_FN(mita_joint_softmax)(float *lg, int ld, float *inv, float *mass, int e, int nb,
+                                    int m, int k, float scale)
 {
     int mk = m + k;
     /* all rows' maxima first: their reductions overlap; the shared part's
@@ -560,12 +560,12 @@ void MS_SIMD_FN(mita_joint_softmax)(float *lg, float *inv, float *mass, int e, i
      * searched (the max pass was 2.9 % of the layer's samples on v3, N =
      * 1024, 3 heads; 1.7 % so) */
     for (int r = 0; r < nb; r++) {
-        const float *row = lg + (size_t)r * mk;
+        const float *row = lg + (size_t)r * ld;
         float rm = row_max(row + m, k);
         inv[r] = (rm > row[e] ? rm : row[e]) * scale; /* a NaN: exp2_sum's z makes inv NaN */
     }
     for (int r = 0; r < nb; r++) {
-        float *row = lg + (size_t)r * mk;
+        float *row = lg + (size_t)r * ld;
         joint_softmax_row(row, &inv[r], mk, scale);
         if (mass) {
             float l_a = 0.0f;

@@ -38,16 +38,18 @@ MS_SIMD_DECLARE(int, mita_compact_at_least_u32,
                 (uint32_t *key /* (n) */, int32_t *pos /* (n) */, int n, uint32_t t));
 /* How many key[i] >= t. */
 MS_SIMD_DECLARE(int, mita_count_at_least_u32, (const uint32_t *key /* (n) */, int n, uint32_t t));
-/* route[r] = argmax_first(x + r m, m, 1): the first maximum of each row. */
+/* route[r] = argmax_first(x + r ld, m, 1): the first maximum of each row
+ * (ld >= m: the rows may be padded). */
 MS_SIMD_DECLARE(void, mita_argmax_rows,
-                (int32_t *route /* (rows) */, const float *x /* (rows, m) */, int rows, int m));
+                (int32_t *route /* (rows) */, const float *x /* (rows, ld) */, int rows, int m,
+                 int ld));
 /* idx[r] = pos[i], r = i's rank in descending key order, ties to the
  * lower i (pos ascending: ties to the lower position). key[n..np) must be
  * 0 (np >= n, a multiple of 8: no loop tail). O(n np): small n. */
 MS_SIMD_DECLARE(void, mita_rank_desc,
                 (int32_t *idx /* (n) */, const uint32_t *key /* (np) */,
                  const int32_t *pos /* (n) */, int n, int np));
-/* The joint softmax of nb rows of lg (stride m + k), in base 2, over the
+/* The joint softmax of nb rows of lg (stride ld >= m + k), in base 2, over the
  * shared logits row[0..m) (R[q, :]) and the routed ones row[m..m+k), both
  * in units that `scale` (log2(e) included) turns into base-2 logits: each
  * row becomes 2^(logit - the row's max), inv[r] = 1 / its sum, mass[r]
@@ -55,7 +57,7 @@ MS_SIMD_DECLARE(void, mita_rank_desc,
  * its max at column e (the expert the rows are routed to: R's argmax). A
  * row with a NaN or infinite logit gets inv NaN. */
 MS_SIMD_DECLARE(void, mita_joint_softmax,
-                (float *lg /* (nb, m + k) */, float *inv /* (nb) */, float *mass /* (nb) */,
+                (float *lg /* (nb, ld) */, int ld, float *inv /* (nb) */, float *mass /* (nb) */,
                  int e, int nb, int m, int k, float scale));
 /* Row r of dst (stride dld) = row rows[r] of src (stride sld), d floats,
  * times f (exact for f = 1); scatter: the other way round, times f[r].
@@ -100,19 +102,19 @@ static inline int mita_count_at_least_u32(const uint32_t *key, int n, uint32_t t
 {
     return MS_SIMD_CALL(mita_count_at_least_u32, key, n, t);
 }
-static inline void mita_argmax_rows(int32_t *route, const float *x, int rows, int m)
+static inline void mita_argmax_rows(int32_t *route, const float *x, int rows, int m, int ld)
 {
-    MS_SIMD_CALL(mita_argmax_rows, route, x, rows, m);
+    MS_SIMD_CALL(mita_argmax_rows, route, x, rows, m, ld);
 }
 static inline void mita_rank_desc(int32_t *idx, const uint32_t *key, const int32_t *pos, int n,
                                   int np)
 {
     MS_SIMD_CALL(mita_rank_desc, idx, key, pos, n, np);
 }
-static inline void mita_joint_softmax(float *lg, float *inv, float *mass, int e, int nb, int m,
-                                      int k, float scale)
+static inline void mita_joint_softmax(float *lg, int ld, float *inv, float *mass, int e, int nb,
+                                      int m, int k, float scale)
 {
-    MS_SIMD_CALL(mita_joint_softmax, lg, inv, mass, e, nb, m, k, scale);
+    MS_SIMD_CALL(mita_joint_softmax, lg, ld, inv, mass, e, nb, m, k, scale);
 }
 static inline void mita_gather_rows(float *dst, size_t dld, const float *src, size_t sld,
                                     const int32_t *rows, int nr, int d, float f)

@@ -3,7 +3,7 @@
  * generating kernels): which one is chosen and why; MiTA's product shapes,
  * with and without accumulation, against a double loop; the stride's gap
  * left alone; the same bits on a second call (the kernel cache); and the
- * rows gemm_small_rows pads to. */
+ * rows gemm_small_rows and the columns gemm_small_cols pad to. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +148,47 @@ START_TEST(test_small_rows)
 }
 END_TEST
 
+/* gemm_small_cols: with libxsmm, columns rounded up to 8 within the row,
+ * and a column of an n-column product the same bits as of the padded one
+ * (which is what lets MiTA compute the padding columns of its routing and
+ * routed logits); with OpenBLAS n. */
+START_TEST(test_small_cols)
+{
+    ms_gemm_small_lib start = gemm_small_lib_get();
+    for (int li = 0, libs = lib_count(); li < libs; li++) {
+        ck_assert_int_eq(gemm_small_lib_set((ms_gemm_small_lib)li), MS_OK);
+        bool x = li == MS_GEMM_SMALL_LIBXSMM;
+        ck_assert_int_eq(gemm_small_cols(49, 56), x ? 56 : 49);
+        ck_assert_int_eq(gemm_small_cols(56, 56), 56);
+        ck_assert_int_eq(gemm_small_cols(1, 8), x ? 8 : 1);
+        ck_assert_int_eq(gemm_small_cols(49, 50), x ? 50 : 49);
+        ck_assert_int_eq(gemm_small_cols(49, 49), 49);
+        if (!x) continue;
+        /* MiTA's (rows, columns, k, ldb): routed logits at block sizes
+         * (K_e^T's rows of 56), routing blocks (L^T's), odd columns */
+        const int sh[][4] = {{1, 49, 64, 56},  {24, 49, 64, 56}, {128, 49, 64, 56},
+                             {128, 49, 64, 56}, {17, 13, 20, 16}, {8, 1, 64, 8}};
+        for (int si = 0; si < 6; si++) {
+            int m = sh[si][0], n = sh[si][1], k = sh[si][2], np = sh[si][3];
+            int lda = si == 3 ? 576 : k, ldc = np + 3; /* 3: a strided Q's rows */
+            float *a = frand((size_t)m * lda, 60u + (uint32_t)si, -1, 1);
+            float *b = frand((size_t)k * np, 70u + (uint32_t)si, -1, 1);
+            float *c0 = frand((size_t)m * ldc, 80u, -1, 1), *c1 = falloc((size_t)m * ldc);
+            memcpy(c1, c0, (size_t)m * ldc * sizeof(float));
+            gemm_small_nn(c0, a, b, m, n, k, lda, np, ldc, false);
+            gemm_small_nn(c1, a, b, m, gemm_small_cols(n, np), k, lda, np, ldc, false);
+            for (int i = 0; i < m; i++)
+                ck_assert_msg(!memcmp(c0 + (size_t)i * ldc, c1 + (size_t)i * ldc,
+                                      (size_t)n * sizeof(float)),
+                              "libxsmm %dx%dx%d: row %d differs padded to %d columns", m, n, k,
+                              i, np);
+            ms_free(a), ms_free(b), ms_free(c0), ms_free(c1);
+        }
+    }
+    ck_assert_int_eq(gemm_small_lib_set(start), MS_OK);
+}
+END_TEST
+
 /* More shapes than the kernel cache holds, in turn, twice: every result
  * the same as the first time (a cache slot reused for another shape must
  * not hand back the wrong kernel). */
@@ -182,6 +223,7 @@ int main(void)
     tcase_add_test(tc, test_small_lib_choice);
     tcase_add_test(tc, test_small_vs_naive);
     tcase_add_test(tc, test_small_rows);
+    tcase_add_test(tc, test_small_cols);
     tcase_add_test(tc, test_small_cache_many_shapes);
     suite_add_tcase(s, tc);
     return run_suite(s);

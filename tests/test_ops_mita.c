@@ -557,14 +557,25 @@ START_TEST(test_mita_fast_helpers_paths)
                 ck_assert_int_eq(idx[j], 1000 + best);
             }
             /* routes: each row's first maximum, as argmax_first (rows of
-             * the kinds above: ties, signed zeros, NaNs, infinities) */
+             * the kinds above: ties, signed zeros, NaNs, infinities); in
+             * rows padded to ld by +infinity, which must not count */
             for (int m = 1; m <= 70 && m <= n; m += (m < 17 ? 1 : 13)) {
                 int nr = n / m;
-                mita_argmax_rows(idx, x, nr, m);
+                mita_argmax_rows(idx, x, nr, m, m);
                 for (int r = 0; r < nr; r++)
                     ck_assert_msg(idx[r] == argmax_first(x + (size_t)r * m, m, 1),
                                   "path %d n %d m %d row %d: %d, want %d", pi, n, m, r, idx[r],
                                   argmax_first(x + (size_t)r * m, m, 1));
+                int ld = ((m + 7) & ~7) + 4; /* past a vector's end */
+                float *xp = falloc((size_t)nr * ld);
+                for (int r = 0; r < nr; r++)
+                    for (int i = 0; i < ld; i++)
+                        xp[(size_t)r * ld + i] = i < m ? x[(size_t)r * m + i] : INFINITY;
+                mita_argmax_rows(idx, xp, nr, m, ld);
+                for (int r = 0; r < nr; r++)
+                    ck_assert_msg(idx[r] == argmax_first(x + (size_t)r * m, m, 1),
+                                  "path %d n %d m %d ld %d row %d: %d", pi, n, m, ld, r, idx[r]);
+                ms_free(xp);
             }
             /* gathers and the scaled scatter */
             for (int i = 0; i < n; i++) rows[i] = (i * 7 + 3) % n;
@@ -615,29 +626,33 @@ START_TEST(test_mita_joint_softmax_paths)
     /* Rows of m shared logits (their max at column e, as R's at the route)
      * and k routed ones against the softmax in double (2^(x scale)), with
      * odd m, k; a NaN or an infinite logit, shared or routed, makes the
-     * row's 1 / sum NaN. The summaries' mita_exp2_sum likewise. */
+     * row's 1 / sum NaN. The summaries' mita_exp2_sum likewise. Rows
+     * padded to ld: the padding (NaN) neither read nor written. */
     const int mks[][2] = {{1, 1}, {3, 5}, {49, 49}, {9, 200}, {64, 16}};
     ms_cpu_path start = cpu_path_get();
     for (int pi = 0; pi < cpu_path_count(); pi++) {
         ck_assert_int_eq(cpu_path_set((ms_cpu_path)pi), MS_OK);
-        for (size_t c = 0; c < sizeof mks / sizeof mks[0]; c++) {
-            int m = mks[c][0], k = mks[c][1], mk = m + k, nb = 6, e = m / 2;
-            float *lg = frand((size_t)nb * mk, 40u + (uint32_t)c, -20.0f, 20.0f);
+        for (int cp = 0; cp < 2 * (int)(sizeof mks / sizeof mks[0]); cp++) {
+            int c = cp / 2, m = mks[c][0], k = mks[c][1], mk = m + k, nb = 6, e = m / 2;
+            int ld = cp % 2 ? m + ((k + 7) & ~7) + 1 : mk;
+            float *lg = frand((size_t)nb * ld, 40u + (uint32_t)c, -20.0f, 20.0f);
+            for (int r = 0; r < nb; r++)
+                for (int i = mk; i < ld; i++) lg[(size_t)r * ld + i] = NAN;
             /* the shared max at e, the runner-up next to it: a shift other
              * than the row's max would clamp both (2^126) and weigh them
              * alike */
             for (int r = 0; r < nb; r++) {
-                lg[(size_t)r * mk + e] += 400.0f;
-                if (m > 1) lg[(size_t)r * mk + (e + 1) % m] = lg[(size_t)r * mk + e] - 1.0f;
+                lg[(size_t)r * ld + e] += 400.0f;
+                if (m > 1) lg[(size_t)r * ld + (e + 1) % m] = lg[(size_t)r * ld + e] - 1.0f;
             }
             double *want = dalloc((size_t)nb * mk), wmass[6];
             float inv[6], mass[6], scale = 0.37f;
-            lg[(size_t)1 * mk + mk - 1] = 500.0f; /* a routed logit far above the rest */
+            lg[(size_t)1 * ld + mk - 1] = 500.0f; /* a routed logit far above the rest */
             for (int r = 0; r < nb; r++) {
                 double mx = -INFINITY, sum = 0, sa = 0;
-                for (int i = 0; i < mk; i++) mx = fmax(mx, (double)lg[r * mk + i] * scale);
+                for (int i = 0; i < mk; i++) mx = fmax(mx, (double)lg[r * ld + i] * scale);
                 for (int i = 0; i < mk; i++) {
-                    double ex = exp2((double)lg[r * mk + i] * scale - mx);
+                    double ex = exp2((double)lg[r * ld + i] * scale - mx);
                     want[r * mk + i] = ex;
                     sum += ex;
                     sa += i < m ? ex : 0;
@@ -645,10 +660,12 @@ START_TEST(test_mita_joint_softmax_paths)
                 for (int i = 0; i < mk; i++) want[r * mk + i] /= sum;
                 wmass[r] = sa / sum;
             }
-            lg[(size_t)3 * mk + m] = NAN;
-            lg[(size_t)4 * mk + m + k / 2] = INFINITY;
-            lg[(size_t)5 * mk + (m - 1) / 2] = m > 1 ? INFINITY : NAN; /* a shared one */
-            mita_joint_softmax(lg, inv, mass, e, nb, m, k, scale);
+            lg[(size_t)3 * ld + m] = NAN;
+            lg[(size_t)4 * ld + m + k / 2] = INFINITY;
+            lg[(size_t)5 * ld + (m - 1) / 2] = m > 1 ? INFINITY : NAN; /* a shared one */
+            mita_joint_softmax(lg, ld, inv, mass, e, nb, m, k, scale);
+            for (int r = 0; r < nb; r++)
+                for (int i = mk; i < ld; i++) ck_assert(isnan(lg[(size_t)r * ld + i]));
             for (int r = 0; r < nb; r++) {
                 if (r >= 3) {
                     ck_assert_msg(isnan(inv[r]), "path %d m %d k %d row %d: inv %g", pi, m, k,
@@ -656,12 +673,12 @@ START_TEST(test_mita_joint_softmax_paths)
                     continue;
                 }
                 for (int i = 0; i < mk; i++)
-                    ck_assert_msg(fabs(lg[r * mk + i] * inv[r] - want[r * mk + i]) <= 2e-6,
+                    ck_assert_msg(fabs(lg[r * ld + i] * inv[r] - want[r * mk + i]) <= 2e-6,
                                   "path %d m %d k %d row %d: weight %d %.8g, want %.8g", pi, m,
-                                  k, r, i, lg[r * mk + i] * inv[r], want[r * mk + i]);
+                                  k, r, i, lg[r * ld + i] * inv[r], want[r * mk + i]);
                 ck_assert(fabs(mass[r] - wmass[r]) <= 2e-6);
             }
-            mita_joint_softmax(lg, inv, NULL, e, 1, m, k, scale); /* no mass asked */
+            mita_joint_softmax(lg, ld, inv, NULL, e, 1, m, k, scale); /* no mass asked */
             /* the summaries' row exp: 2^(x scale - shift) and its sum */
             float *row = frand((size_t)mk, 60u + (uint32_t)c, -20.0f, 20.0f), mx = row[0];
             for (int i = 1; i < mk; i++) mx = fmaxf(mx, row[i]);
