@@ -368,7 +368,6 @@ AINLINE void fused_pv(float *o /* (R, 16), ldo */, size_t ldo, const float *corr
             _mm256_storeu_ps(o + (size_t)r * ldo + 8 * u, acc[r][u]);
 }
 
-
 static int fused_pv_rows(int d) { return (void)d, FUSED_ROWS; }
 
 #define FUSED_PV_CASE(R) \

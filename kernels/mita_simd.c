@@ -319,10 +319,7 @@ void MS_SIMD_FN(mita_argmax_rows)(int32_t *route, const float *x, int rows, int 
                 tail_nan |= row[i] != row[i];
             }
             if (!_mm256_movemask_ps(nan) && !tail_nan) {
-                __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-                h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-                h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
-                float best = _mm_cvtss_f32(h);
+                float best = hmax8(mx);
                 best = tail > best ? tail : best;
                 __m256 bv = _mm256_set1_ps(best);
                 int at = -1;
