@@ -839,7 +839,8 @@ static size_t result_bytes(const run_geometry *g, const ms_config *c)
 }
 
 /* A dry run of the forward pass: the activation arena's high-water mark, and
- * the host bytes the plan and its results hold besides it. Allocates nothing. */
+ * the host bytes the plan and its results hold besides it. Allocates nothing
+ * but the kernels of MiTA's small products, once a process (mita_cpu_prepare). */
 static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_bytes,
                               size_t *host_bytes)
 {

@@ -109,23 +109,35 @@ static xsmm_fn xsmm_kernel(int m, int n, int k, int lda, int ldb, int ldc, bool 
     return f;
 }
 
-/* A thread's last kernels by shape, direct-mapped, in front of the table
- * and its lock: a layer makes a few hundred products of a few dozen
- * shapes (libxsmm's own registry lookup, a CRC of the descriptor, was 2.5
- * % of a MiTA layer's time on a Zen 3). */
-#define XSMM_CACHE 64
+/* A thread's kernels by shape, in front of the table and its lock: a
+ * layer makes a few hundred products of a few hundred shapes (MiTA's
+ * routed blocks at every row count; libxsmm's own registry lookup, a CRC
+ * of the descriptor, was 2.5 % of a MiTA layer's time on a Zen 3). Open
+ * addressing (a direct-mapped cache of 256 lost 84 of those shapes to
+ * collisions), emptied when three quarters full. */
+#define XSMM_CACHE 1024 /* a power of 2 */
 static _Thread_local xsmm_entry xsmm_cache[XSMM_CACHE];
+static _Thread_local int xsmm_cache_used;
 
 static xsmm_fn xsmm_cached(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate)
 {
-    unsigned h = (unsigned)m * 73u + (unsigned)n * 151u + (unsigned)k * 23u +
-                 (unsigned)lda * 7u + (unsigned)ldb * 3u + (unsigned)ldc + (accumulate ? 37u : 0u);
-    xsmm_entry *e = &xsmm_cache[h % XSMM_CACHE];
-    if (!xsmm_same(e, m, n, k, lda, ldb, ldc, accumulate)) {
+    const int v[7] = {m, n, k, lda, ldb, ldc, accumulate};
+    uint32_t h = 0;
+    for (int i = 0; i < 7; i++) h = (h * 31u + (uint32_t)v[i]) * 0x9E3779B1u;
+    for (unsigned i = h >> 22;; i = (i + 1) & (XSMM_CACHE - 1)) {
+        xsmm_entry *e = &xsmm_cache[i];
+        if (xsmm_same(e, m, n, k, lda, ldb, ldc, accumulate)) return e->f;
+        if (e->m != 0) continue; /* m >= 1 in every entry */
+        if (xsmm_cache_used >= XSMM_CACHE / 4 * 3) {
+            memset(xsmm_cache, 0, sizeof xsmm_cache);
+            xsmm_cache_used = 0;
+            e = &xsmm_cache[h >> 22];
+        }
         xsmm_fn f = xsmm_kernel(m, n, k, lda, ldb, ldc, accumulate);
         *e = (xsmm_entry){m, n, k, lda, ldb, ldc, accumulate, f};
+        xsmm_cache_used++;
+        return f;
     }
-    return e->f;
 }
 #endif
 
@@ -211,15 +223,21 @@ void gemm_small_nn(float *c, const float *a, const float *b, int m, int n, int k
                 accumulate ? 1.0f : 0.0f, c, ldc);
 }
 
-/* count rounded up to a multiple of 8 with libxsmm, at most max (>= count) */
-static int gemm_small_round(int count, int max)
+void gemm_small_prepare(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate)
 {
+    if (m <= 0 || n <= 0 || k <= 0) return;
     gemm_small_init();
-    if (gemm_small_lib != MS_GEMM_SMALL_LIBXSMM) return count;
-    int r = (count + 7) & ~7;
-    return r < max ? r : (max > count ? max : count);
+#ifdef MS_HAVE_LIBXSMM
+    if (gemm_small_lib == MS_GEMM_SMALL_LIBXSMM) xsmm_kernel(m, n, k, lda, ldb, ldc, accumulate);
+#else
+    (void)lda, (void)ldb, (void)ldc, (void)accumulate;
+#endif
 }
 
-int gemm_small_rows(int m, int max_rows) { return gemm_small_round(m, max_rows); }
-
-int gemm_small_cols(int n, int max_cols) { return gemm_small_round(n, max_cols); }
+int gemm_small_cols(int n, int max_cols)
+{
+    gemm_small_init();
+    if (gemm_small_lib != MS_GEMM_SMALL_LIBXSMM) return n;
+    int r = (n + 7) & ~7;
+    return r < max_cols ? r : (max_cols > n ? max_cols : n);
+}

@@ -35,15 +35,14 @@ void gemm_small_nn(float *c /* (m, n), row stride ldc */, const float *a /* (m, 
                    const float *b /* (k, n), ldb */, int m, int n, int k, int lda, int ldb,
                    int ldc, bool accumulate);
 
-/* Rows to compute for a product of m rows in a caller's buffers of
- * max_rows (>= m) rows, whose rows past m may hold anything and are then
- * ignored: with libxsmm m rounded up to a multiple of 8 (at most
- * max_rows), so that blocks of 1 to 128 rows take 16 kernels, not 128
- * (each generated on first use, 30-60 us); libxsmm's kernels compute a
- * row from its row of A alone, the same bits whatever the rows (checked,
- * 1-130 rows, on MiTA's shapes: test_ops_gemm_small). With OpenBLAS m:
- * its kernels round otherwise at other row counts. */
-int gemm_small_rows(int m, int max_rows);
+/* Generates the kernel of this shape now, where libxsmm runs the
+ * products (nothing with OpenBLAS), so that its first product does not
+ * (30-60 us, and pages for the code): for a plan step, out of the
+ * per-image path. libxsmm's kernels compute a row of c from its row of a
+ * alone, the same bits whatever m (checked, 1-130 rows, on MiTA's
+ * shapes: test_ops_gemm_small), so a caller may size its products by
+ * the rows it has. */
+void gemm_small_prepare(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate);
 
 /* Columns to compute for a product of n columns whose rows in the
  * caller's buffers have room for max_cols (>= n), the columns past n

@@ -77,13 +77,16 @@ static int probe_slice(int m, int d)
     return t > 256 ? 256 : t < 16 ? 16 : (int)t;
 }
 
-/* Phase 2 items: about this many expert-sorted queries of one head (an
- * expert cut by a chunk's end is gathered once more). The chunks decide
- * the routed GEMMs' row counts, and OpenBLAS 0.3.21's small-matrix kernel
- * rounds the last of 49 columns differently in a call's last rows when
- * the rows are no multiple of 4: other chunks give other bits (at float
- * rounding; a near-tie route in a later layer can then flip, as finer
- * chunks for the last head did on bench_cpu's DeiT-Tiny model). From n
+/* Phase 2 items: about this many expert-sorted queries of one head. A
+ * chunk's ends are moved to the nearest expert boundary within half a
+ * chunk (mita_chunk_end), so an expert of up to MITA_PC queries is never
+ * cut (a cut expert's keys and values are gathered once more: at N =
+ * 4096 fixed ends cut 21 of a head's 49). The chunks decide the routed
+ * GEMMs' row counts, and OpenBLAS 0.3.21's small-matrix kernel rounds the
+ * last of 49 columns differently in a call's last rows when the rows are
+ * no multiple of 4: other chunks give other bits (at float rounding; a
+ * near-tie route in a later layer can then flip, as finer chunks for the
+ * last head did on bench_cpu's DeiT-Tiny model). From n and the routes
  * only, so the same whatever the thread count. */
 #define MITA_PC 192
 
@@ -478,6 +481,19 @@ static void mita_sort_queries(const mita_thread *th, const int32_t *route /* (n)
     for (int qi = 0; qi < n; qi++) th->order[th->fill[route[qi]]++] = qi;
 }
 
+/* Where a phase 2 chunk ends (the next one starts), given its end q in
+ * sorted positions at a fixed n j / chunks: the boundary of the expert
+ * around q nearest q, where that is within MITA_PC / 2, else q. Monotone
+ * in q, so the chunks tile [0, n). */
+static int mita_chunk_end(const mita_thread *th, const int32_t *route /* (n) */, int n, int q)
+{
+    if (q <= 0 || q >= n) return q;
+    int e = route[th->order[q]];
+    int lo = th->starts[e], hi = lo + th->counts[e];
+    if (q - lo <= hi - q) return q - lo <= MITA_PC / 2 ? lo : q;
+    return hi - q <= MITA_PC / 2 ? hi : q;
+}
+
 /* Sorted queries order[p0, p1) of head h (th: that head's counting sort),
  * expert by expert in blocks of up to QB: gather the expert's keys and
  * values once; logits = Q K^T s / s_sh by one GEMM beside the block's
@@ -525,10 +541,8 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
          * exact where s is a power of 2 (d = 64: 1 or 8) */
         mita_gather_rows(qb, d, qkv + (size_t)h * d, ld, qs, nb, d, s);
         mita_gather_rows(lg, lgld, scores, mp, qs, nb, m, 1.0f);
-        /* rows past nb: stale, computed and ignored (gemm_small_rows);
-         * columns past k: from ke's zero padding, ignored */
-        int nbr = gemm_small_rows(nb, MITA_QB);
-        gemm_small_nn(lg + m, qb, ke, nbr, gemm_small_cols(k, kp), d, d, kp, lgld, false);
+        /* columns past k: from ke's zero padding, ignored */
+        gemm_small_nn(lg + m, qb, ke, nb, gemm_small_cols(k, kp), d, d, kp, lgld, false);
         mita_joint_softmax(lg, lgld, inv, rec && rec->shared_mass ? mass : NULL, e, nb, m, k,
                            s_shared2);
         for (int r = 0; rec && r < nb; r++) {
@@ -536,9 +550,18 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
             if (rec->route) rec->route[at] = e;
             if (rec->shared_mass) rec->shared_mass[at] = mass[r];
         }
-        gemm_small_nn(ob, lg, sve, nbr, d, mk, lgld, d, d, false);
+        gemm_small_nn(ob, lg, sve, nb, d, mk, lgld, d, d, false);
         mita_scatter_rows_scaled(out + (size_t)h * d, c, ob, d, qs, inv, nb, d);
         p = end;
+    }
+}
+
+void mita_cpu_prepare(int c, int heads, int gh, int gw, int k)
+{
+    int d = c / heads, m = gh * gw, kp = mita_pad8(k), lgld = m + kp;
+    for (int nb = 1; nb <= MITA_QB; nb++) { /* mita_routed's two products */
+        gemm_small_prepare(nb, gemm_small_cols(k, kp), d, d, kp, lgld, false);
+        gemm_small_prepare(nb, d, m + k, lgld, d, d, false);
     }
 }
 
@@ -621,10 +644,12 @@ void mita_cpu(float *out, const float *qkv, int hp, int wp, int ncls, int c, int
                 atomic_fetch_add_explicit(&w.done[h], 1, memory_order_release);
                 continue;
             }
-            int q0 = (int)((long)n * j / pchunks), q1 = (int)((long)n * (j + 1) / pchunks);
             mita_wait_count(&w.done[h], per_head);
-            if (h != sorted) mita_sort_queries(&th, w.route + (size_t)h * n, n, m);
+            const int32_t *route = w.route + (size_t)h * n;
+            if (h != sorted) mita_sort_queries(&th, route, n, m);
             sorted = h;
+            int q0 = mita_chunk_end(&th, route, n, (int)((long)n * j / pchunks));
+            int q1 = mita_chunk_end(&th, route, n, (int)((long)n * (j + 1) / pchunks));
             mita_routed(out, qkv, &w, &th, n, ncls, c, d, h, m, k, s_shared, rec, q0, q1);
         }
     }

@@ -47,6 +47,11 @@ size_t mita_topk_floats(int n, int k);
 float mita_topk_row(int32_t *idx /* (k) */, const float *score /* (n) */, int n, int k,
                    float *buf /* (mita_topk_floats(n, k)) */);
 
+/* Generates the small-product kernels of mita_cpu's routed blocks, at
+ * every block size, so that no image makes one (a plan step; sizes
+ * clamped). */
+void mita_cpu_prepare(int c, int heads, int gh, int gw, int k);
+
 /* Sizes already clamped (mita_clamp). n = ncls + hp*wp tokens, the class
  * token first. ws: mita_scratch_bytes bytes. */
 void mita_cpu(float *out /* (n, c) */, const float *qkv /* (n, 3c) */, int hp, int wp, int ncls,

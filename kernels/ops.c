@@ -231,6 +231,7 @@ ms_status op_mita(ms_backend *be, float *out, const float *qkv, int hp, int wp, 
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
+    if (be->dry_run && be->device == MS_DEVICE_CPU) mita_cpu_prepare(c, heads, gh, gw, k);
     if (!be->dry_run) {
         if (be->device == MS_DEVICE_CPU)
             mita_cpu(out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
