@@ -839,8 +839,7 @@ static size_t result_bytes(const run_geometry *g, const ms_config *c)
 }
 
 /* A dry run of the forward pass: the activation arena's high-water mark, and
- * the host bytes the plan and its results hold besides it. Allocates nothing
- * but the kernels of MiTA's small products, once a process (mita_cpu_prepare). */
+ * the host bytes the plan and its results hold besides it. Allocates nothing. */
 static ms_status plan_measure(ms_engine *e, const run_geometry *g, size_t *act_bytes,
                               size_t *host_bytes)
 {
@@ -969,6 +968,8 @@ static ms_status engine_get_plan(ms_engine *e, engine_plan **out, const run_geom
         return st;
     }
     pl->act_base = arena_mark(act);
+    if (g->attention == MS_ATTN_MITA)
+        op_mita_prepare(be, e->cfg->embed_dim, e->cfg->num_heads, &g->mita);
     pl->used = true;
     pl->bytes = act_bytes + host_bytes;
     pl->h = g->h, pl->w = g->w, pl->rh = g->rh, pl->rw = g->rw;

@@ -234,6 +234,18 @@ void gemm_small_prepare(int m, int n, int k, int lda, int ldb, int ldc, bool acc
 #endif
 }
 
+int gemm_small_kernels_made(void)
+{
+#ifdef MS_HAVE_LIBXSMM
+    pthread_mutex_lock(&xsmm_lock);
+    int made = xsmm_count;
+    pthread_mutex_unlock(&xsmm_lock);
+    return made;
+#else
+    return 0;
+#endif
+}
+
 int gemm_small_cols(int n, int max_cols)
 {
     gemm_small_init();

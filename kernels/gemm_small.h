@@ -44,6 +44,10 @@ void gemm_small_nn(float *c /* (m, n), row stride ldc */, const float *a /* (m, 
  * the rows it has. */
 void gemm_small_prepare(int m, int n, int k, int lda, int ldb, int ldc, bool accumulate);
 
+/* Kernels generated so far in this process (0 without libxsmm): for the
+ * tests of what gemm_small_prepare saves the hot path. */
+int gemm_small_kernels_made(void);
+
 /* Columns to compute for a product of n columns whose rows in the
  * caller's buffers have room for max_cols (>= n), the columns past n
  * computed from whatever the operands hold there and then ignored: with

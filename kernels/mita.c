@@ -494,6 +494,26 @@ static int mita_chunk_end(const mita_thread *th, const int32_t *route /* (n) */,
     return hi - q <= MITA_PC / 2 ? hi : q;
 }
 
+/* The shapes of mita_routed's two products for a block of nb queries, in
+ * gemm_small_nn's order (rows, columns, inner, lda, ldb, ldc), for it and
+ * mita_cpu_prepare: the routed logits qb K_e^T into lg past the shared
+ * logits (whole vectors: K_e^T's zero padding gives the columns past k,
+ * ignored), and the output weights [Sv ; V_e]. */
+typedef struct {
+    int m, n, k, lda, ldb, ldc;
+} mita_gemm_shape;
+
+static mita_gemm_shape mita_logits_shape(int nb, int m, int k, int d)
+{
+    int kp = mita_pad8(k);
+    return (mita_gemm_shape){nb, gemm_small_cols(k, kp), d, d, kp, m + kp};
+}
+
+static mita_gemm_shape mita_output_shape(int nb, int m, int k, int d)
+{
+    return (mita_gemm_shape){nb, d, m + k, m + mita_pad8(k), d, d};
+}
+
 /* Sorted queries order[p0, p1) of head h (th: that head's counting sort),
  * expert by expert in blocks of up to QB: gather the expert's keys and
  * values once; logits = Q K^T s / s_sh by one GEMM beside the block's
@@ -541,8 +561,8 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
          * exact where s is a power of 2 (d = 64: 1 or 8) */
         mita_gather_rows(qb, d, qkv + (size_t)h * d, ld, qs, nb, d, s);
         mita_gather_rows(lg, lgld, scores, mp, qs, nb, m, 1.0f);
-        /* columns past k: from ke's zero padding, ignored */
-        gemm_small_nn(lg + m, qb, ke, nb, gemm_small_cols(k, kp), d, d, kp, lgld, false);
+        mita_gemm_shape gl = mita_logits_shape(nb, m, k, d);
+        gemm_small_nn(lg + m, qb, ke, gl.m, gl.n, gl.k, gl.lda, gl.ldb, gl.ldc, false);
         mita_joint_softmax(lg, lgld, inv, rec && rec->shared_mass ? mass : NULL, e, nb, m, k,
                            s_shared2);
         for (int r = 0; rec && r < nb; r++) {
@@ -550,7 +570,8 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
             if (rec->route) rec->route[at] = e;
             if (rec->shared_mass) rec->shared_mass[at] = mass[r];
         }
-        gemm_small_nn(ob, lg, sve, nb, d, mk, lgld, d, d, false);
+        mita_gemm_shape go = mita_output_shape(nb, m, k, d);
+        gemm_small_nn(ob, lg, sve, go.m, go.n, go.k, go.lda, go.ldb, go.ldc, false);
         mita_scatter_rows_scaled(out + (size_t)h * d, c, ob, d, qs, inv, nb, d);
         p = end;
     }
@@ -558,10 +579,11 @@ static void mita_routed(float *out /* (n, c) */, const float *qkv /* (n, 3c) */,
 
 void mita_cpu_prepare(int c, int heads, int gh, int gw, int k)
 {
-    int d = c / heads, m = gh * gw, kp = mita_pad8(k), lgld = m + kp;
-    for (int nb = 1; nb <= MITA_QB; nb++) { /* mita_routed's two products */
-        gemm_small_prepare(nb, gemm_small_cols(k, kp), d, d, kp, lgld, false);
-        gemm_small_prepare(nb, d, m + k, lgld, d, d, false);
+    int d = c / heads, m = gh * gw;
+    for (int nb = 1; nb <= MITA_QB; nb++) {
+        mita_gemm_shape g[2] = {mita_logits_shape(nb, m, k, d), mita_output_shape(nb, m, k, d)};
+        for (int i = 0; i < 2; i++)
+            gemm_small_prepare(g[i].m, g[i].n, g[i].k, g[i].lda, g[i].ldb, g[i].ldc, false);
     }
 }
 

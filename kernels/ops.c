@@ -231,7 +231,6 @@ ms_status op_mita(ms_backend *be, float *out, const float *qkv, int hp, int wp, 
     op_scratch s;
     MS_TRY(scratch_take(be, &s, bytes, __func__));
     ms_status st = MS_OK;
-    if (be->dry_run && be->device == MS_DEVICE_CPU) mita_cpu_prepare(c, heads, gh, gw, k);
     if (!be->dry_run) {
         if (be->device == MS_DEVICE_CPU)
             mita_cpu(out, qkv, hp, wp, nc, c, heads, gh, gw, k, p->shared_scale_d, rec, s.ptr,
@@ -247,6 +246,13 @@ ms_status op_mita(ms_backend *be, float *out, const float *qkv, int hp, int wp, 
     }
     scratch_give_back(be, &s);
     return st;
+}
+
+void op_mita_prepare(const ms_backend *be, int c, int heads, const ms_mita_params *p)
+{
+    if (be->device == MS_DEVICE_CPU && p && c > 0 && heads > 0 && c % heads == 0 && p->gh > 0 &&
+        p->gw > 0 && p->topk > 0)
+        mita_cpu_prepare(c, heads, p->gh, p->gw, p->topk);
 }
 
 ms_status op_adaptive_avgpool(ms_backend *be, float *out, const float *in, int c, int h, int w,

@@ -70,6 +70,11 @@ ms_status op_mita(ms_backend *be, float *out /* (n, c) */,
                   const float *qkv /* (n, 3c) */, int hp, int wp, int c, int heads,
                   const ms_mita_params *p, const ms_mita_record *rec);
 
+/* Makes ahead what op_mita's CPU path would otherwise make on first use
+ * (the small-product kernels of its routed blocks): for a plan step,
+ * once a size, out of the per-image path. Nothing on CUDA. */
+void op_mita_prepare(const ms_backend *be, int c, int heads, const ms_mita_params *p);
+
 /* Adaptive average pooling with PyTorch windows: start=floor(i*S/G),
  * end=ceil((i+1)*S/G). */
 ms_status op_adaptive_avgpool(ms_backend *be, float *out /* (c, gh, gw) */,

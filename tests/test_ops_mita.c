@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kernels/cpu_path.h"
+#include "kernels/gemm_small.h"
 #include "kernels/mita.h"
 #include "kernels/mita_cuda_math.h" /* topk_key, topk_composite */
 #include "kernels/mita_simd.h"
@@ -341,6 +342,31 @@ START_TEST(test_mita_op_threads)
     free(one);
     ref_free(&r);
     free(qkv);
+}
+END_TEST
+
+START_TEST(test_mita_prepare_routed_kernels)
+{
+    /* After op_mita_prepare and a first run at a size, runs on other
+     * inputs of that size (other routes: other block sizes) make no
+     * kernel: the routed blocks' are all made ahead. */
+    const mita_case tc = {13, 17, 0, 3, 12, 7, 7, 49, true};
+    int n = tc.hp * tc.wp, c = tc.heads * tc.d;
+    ms_mita_params p = {tc.gh, tc.gw, tc.k, tc.scale_d, 0};
+    ms_backend be = {.device = MS_DEVICE_CPU, .threads = 2};
+    float *out = xcalloc((size_t)n * c, sizeof(float));
+    op_mita_prepare(&be, c, tc.heads, &p);
+    int made = -1;
+    for (uint32_t seed = 900u; seed < 906u; seed++) {
+        float *qkv = qkv_random(&tc, seed);
+        ck_assert_int_eq(op_mita(&be, out, qkv, tc.hp, tc.wp, c, tc.heads, &p, NULL), MS_OK);
+        if (made < 0) made = gemm_small_kernels_made();
+        else ck_assert_int_eq(gemm_small_kernels_made(), made);
+        free(qkv);
+    }
+    if (gemm_small_lib_get() == MS_GEMM_SMALL_LIBXSMM) /* the routed blocks' 1-128 rows, two products */
+        ck_assert_int_ge(made, 2 * 128);
+    free(out);
 }
 END_TEST
 
@@ -715,6 +741,7 @@ int main(void)
     tcase_add_test(tc, test_mita_topk_rows_paths);
     tcase_add_test(tc, test_mita_fast_helpers_paths);
     tcase_add_test(tc, test_mita_joint_softmax_paths);
+    tcase_add_test(tc, test_mita_prepare_routed_kernels);
     suite_add_tcase(s, tc);
     return run_suite(s);
 }
