@@ -37,7 +37,7 @@ void gemm_small_nn(float *c /* (m, n), row stride ldc */, const float *a /* (m, 
 
 /* Generates the kernel of this shape now, where libxsmm runs the
  * products (nothing with OpenBLAS), so that its first product does not
- * (30-60 us, and pages for the code): for a plan step, out of the
+ * (13-60 us, and a page for the code): for a plan step, out of the
  * per-image path. libxsmm's kernels compute a row of c from its row of a
  * alone, the same bits whatever m (checked, 1-130 rows, on MiTA's
  * shapes: test_ops_gemm_small), so a caller may size its products by
