@@ -232,7 +232,7 @@ static ms_status add_dir(ms_batch_list *l, const char *dir, const char *rel_pref
                 st = add_dir(l, full, rel, recursive, depth + 1);
             }
         } else if (image && !S_ISREG(sb.st_mode)) {
-            st = add_bad(l, "%s: not a regular file; skipped", full);
+            st = add_bad(l, "%s: not a regular file (%s)", full, fio_kind_name(sb.st_mode));
         } else if (image) {
             st = list_push(l, full, rel);
             full = rel = NULL; /* owned by the list now */

@@ -120,7 +120,7 @@ void fio_forget_inputs(void)
     pthread_mutex_unlock(&g_inputs_mu);
 }
 
-static const char *kind_name(mode_t m)
+const char *fio_kind_name(mode_t m)
 {
     if (S_ISDIR(m)) return "a folder";
     if (S_ISFIFO(m)) return "a FIFO";
@@ -162,7 +162,8 @@ ms_status fio_open_input(int *fd, const char *path, struct stat *sb)
     MS_TRY(open_nonblocking(fd, path, sb));
     if (!S_ISREG(sb->st_mode)) {
         close(*fd);
-        return ms_error(MS_ERR_IO, "%s: not a regular file (%s)", path, kind_name(sb->st_mode));
+        return ms_error(MS_ERR_IO, "%s: not a regular file (%s)", path,
+                        fio_kind_name(sb->st_mode));
     }
     MS_TRY(clear_nonblock(*fd, path));
     ms_status st = remember(path, sb);
@@ -200,7 +201,7 @@ ms_status fio_fopen_list(FILE **f, const char *path)
     if (!S_ISREG(sb.st_mode) && !S_ISFIFO(sb.st_mode)) {
         close(fd);
         return ms_error(MS_ERR_IO, "%s: not a regular file or a pipe (%s)", path,
-                        kind_name(sb.st_mode));
+                        fio_kind_name(sb.st_mode));
     }
     MS_TRY(clear_nonblock(fd, path));
     if (S_ISREG(sb.st_mode)) {
@@ -231,7 +232,7 @@ ms_status fio_check_output(const char *path)
     if (stat(path, &sb) != 0) return MS_OK; /* nothing there (or unreachable: the write says) */
     if (!S_ISREG(sb.st_mode))
         return ms_error(MS_ERR_IO, "%s: exists and is %s, not a regular file; not replacing it",
-                        path, kind_name(sb.st_mode));
+                        path, fio_kind_name(sb.st_mode));
     ms_status st = MS_OK;
     pthread_mutex_lock(&g_inputs_mu);
     int k = fio_id_set_find(&g_inputs, sb.st_dev, sb.st_ino);

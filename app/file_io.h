@@ -32,6 +32,10 @@ int fio_id_set_add(fio_id_set *s, dev_t dev, ino_t ino, int val, int *old);
 /* The value stored for (dev, ino), or -1. */
 int fio_id_set_find(const fio_id_set *s, dev_t dev, ino_t ino);
 
+/* What a file that is not a regular one is, for a message: "a FIFO",
+ * "a folder", ... */
+const char *fio_kind_name(mode_t m);
+
 /* Remembers the file `sb` describes as an input of this process (the path is
  * kept for messages). Thread-safe. */
 ms_status fio_note_input(const char *path, const struct stat *sb);

@@ -347,7 +347,7 @@ START_TEST(bad_entries_reported_not_dropped)
     bool dangling = false, fifo = false;
     for (int i = 0; i < l.n_bad; i++) {
         dangling |= strstr(l.bad[i], "dangling.png: cannot read") != NULL;
-        fifo |= strstr(l.bad[i], "fifo.png: not a regular file") != NULL;
+        fifo |= strstr(l.bad[i], "fifo.png: not a regular file (a FIFO)") != NULL;
     }
     ck_assert(dangling && fifo);
     batch_list_free(&l);
