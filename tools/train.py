@@ -186,10 +186,27 @@ def augment(img, lab, tcfg, mcfg, rng):
     return x, y
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Runs the block at one intra-op thread, as in a DataLoader worker:
+    PyTorch 2.x's bilinear F.interpolate differs in the last bit between 1
+    and 2 threads, so samples made in the main process would differ."""
+    n = torch.get_num_threads()
+    if n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 class TrainSet(torch.utils.data.Dataset):
     """Augmented samples keyed by (image index, seed): each sample draws from
-    its own random.Random(seed), so the batches do not depend on how many
-    DataLoader workers make them, and a resumed run draws the same."""
+    its own random.Random(seed) and is made at one thread, so the batches do
+    not depend on how many DataLoader workers make them (or none), and a
+    resumed run draws the same."""
 
     def __init__(self, imgs, labels, tcfg, mcfg):
         self.imgs, self.labels, self.tcfg, self.mcfg = imgs, labels, tcfg, mcfg
@@ -199,7 +216,8 @@ class TrainSet(torch.utils.data.Dataset):
 
     def __getitem__(self, key):
         j, seed = key
-        return augment(self.imgs[j], self.labels[j], self.tcfg, self.mcfg, random.Random(seed))
+        with one_thread():
+            return augment(self.imgs[j], self.labels[j], self.tcfg, self.mcfg, random.Random(seed))
 
 
 class KeySampler(torch.utils.data.Sampler):
@@ -803,8 +821,10 @@ def main(argv=None):
                             betas=(0.9, 0.999))
     sched_fn = WarmupCosine(tcfg.get("warmup_steps", 100), total, tcfg.get("min_lr_ratio", 0.01))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, sched_fn)
-    # bf16 needs no loss scaling; the (disabled) scaler keeps checkpoints' layout
-    scaler = torch.cuda.amp.GradScaler(enabled=False)
+    # bf16 needs no loss scaling; the (disabled) scaler keeps checkpoints' layout.
+    # torch.amp.GradScaler on PyTorch 2.3+ (torch.cuda.amp's is deprecated there)
+    scaler = (torch.amp.GradScaler("cuda", enabled=False) if hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=False))
 
     ignore = mcfg["ignore_index"] if mcfg["ignore_index"] is not None else 255
     weight = class_weights(tcfg, train_labels, K)

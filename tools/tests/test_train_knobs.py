@@ -675,7 +675,7 @@ class TestResumeWithEma(unittest.TestCase):
             run_tool("train.py", "--config", config, "--out", a, "--epochs", 3, "--no-val")
             run_tool("train.py", "--config", config, "--out", b, "--epochs", 2, "--no-val")
             run_tool("train.py", "--config", config, "--out", b, "--epochs", 3, "--no-val", "--resume")
-            ca, cb = torch.load(os.path.join(a, "last.pt")), torch.load(os.path.join(b, "last.pt"))
+            ca, cb = torch.load(os.path.join(a, "last.pt"), weights_only=False), torch.load(os.path.join(b, "last.pt"), weights_only=False)
             self.assertEqual(ca["ema_updates"], 6)
             self.assertEqual(cb["ema_updates"], 6)
             for k, v in ca["ema"].items():
