@@ -338,6 +338,31 @@ class TestAugmentAndSamples(unittest.TestCase):
         ref = (img.float() - mean) / std
         self.assertTrue(torch.allclose(x, ref, atol=1e-5) or torch.allclose(x, ref.flip(-1), atol=1e-5))
 
+    def test_samples_made_at_one_thread(self):
+        # a DataLoader worker runs at one thread; the main process (workers 0)
+        # must too, since PyTorch 2.x's bilinear resize differs in the last
+        # bit between 1 and 2 threads
+        img, lab = self.data()
+        tcfg = {"base_size": [36, 48], "scale_range": [0.5, 2.0], "crop": [24, 32], "photometric": {}}
+        ds = T.TrainSet([img], [lab], tcfg, self.MCFG)
+        seen, real = [], T.augment
+
+        def spy(*a, **k):
+            seen.append(torch.get_num_threads())
+            return real(*a, **k)
+        before = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            with mock.patch.object(T, "augment", spy):
+                ds[(0, 3)]
+            self.assertEqual(seen, [1])
+            self.assertEqual(torch.get_num_threads(), 2)   # restored
+            with T.one_thread():
+                a = ds[(0, 3)]
+            self.assertTrue(torch.equal(a[0], ds[(0, 3)][0]))
+        finally:
+            torch.set_num_threads(before)
+
     def test_samples_do_not_depend_on_workers(self):
         img, lab = self.data()
         tcfg = {"base_size": [36, 48], "scale_range": [0.5, 2.0], "crop": [24, 32],
