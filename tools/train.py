@@ -192,9 +192,6 @@ def one_thread():
     PyTorch 2.x's bilinear F.interpolate differs in the last bit between 1
     and 2 threads, so samples made in the main process would differ."""
     n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
     torch.set_num_threads(1)
     try:
         yield

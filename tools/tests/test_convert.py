@@ -106,7 +106,7 @@ class TestTimm(Tmp):
         torch.save(obj, src)
         rc, _, err = self.run_cli("timm", src, dst, *flags)
         self.assertEqual(rc, 0, err)
-        ck = torch.load(dst, weights_only=False)
+        ck = convert.load_checkpoint(dst)
         return ck["state_dict"], ck["backbone_config"]
 
     def test_vit_renames_every_tensor(self):
@@ -168,7 +168,7 @@ class TestTimm(Tmp):
                "classes": ["a", "b"]}
         model = R.MitaSeg(cfg)
         loaded, skipped = convert.init_backbone(model, dst)
-        src = torch.load(dst, weights_only=False)["state_dict"]
+        src = convert.load_checkpoint(dst)["state_dict"]
         # final_norm false; no class token in this model
         self.assertEqual(skipped, ["backbone.cls_token", "backbone.norm.weight", "backbone.norm.bias"])
         self.assertIn("backbone.blocks.3.mlp.fc2.bias", loaded)

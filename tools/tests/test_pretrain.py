@@ -14,6 +14,7 @@ import unittest
 import torch
 
 from tools.tests import TOOLS_DIR  # noqa: F401  (puts tools/ on sys.path)
+import convert
 from tools.tests.test_train import MODEL, TRAIN, make_dataset, run_tool
 import mitaseg_ref as R
 import pretrain as P
@@ -82,8 +83,8 @@ class TestPretrainCli(unittest.TestCase):
             self.assertLess(loss[-1], 0.8 * loss[0], loss)
             run_tool("pretrain.py", *common, "--out", b, "--epochs", 2)
             run_tool("pretrain.py", *common, "--out", b, "--epochs", 6, "--resume")
-            ka = torch.load(os.path.join(a, "last.pt"), weights_only=False)["mim"]
-            kb = torch.load(os.path.join(b, "last.pt"), weights_only=False)["mim"]
+            ka = convert.load_checkpoint(os.path.join(a, "last.pt"))["mim"]
+            kb = convert.load_checkpoint(os.path.join(b, "last.pt"))["mim"]
             for k in ka:
                 self.assertTrue(torch.equal(ka[k], kb[k]), k)
             # the model file holds the pretrained backbone
@@ -97,7 +98,7 @@ class TestPretrainCli(unittest.TestCase):
                            "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
             run_tool("train.py", "--config", tcfg, "--out", os.path.join(root, "ft"), "--epochs", 1,
                      "--no-val", "--init-model", os.path.join(a, "model.safetensors"))
-            got = torch.load(os.path.join(root, "ft", "last.pt"), weights_only=False)["model"]
+            got = convert.load_checkpoint(os.path.join(root, "ft", "last.pt"))["model"]
             for k, v in R.model_tensors(model).items():
                 if not k.endswith(("running_mean", "running_var")):
                     self.assertTrue(torch.equal(got[k], v), k)

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from tools.tests import TOOLS_DIR
+import convert
 import mitaseg_ref as R
 
 EPOCHS = 8
@@ -112,7 +113,7 @@ class TestTrainResumeExport(unittest.TestCase):
         cls.out_a = run_tool("train.py", "--config", cls.config, "--out", cls.run_a, "--epochs", EPOCHS)
         cls.run_b = os.path.join(root, "b")
         run_tool("train.py", "--config", cls.config, "--out", cls.run_b, "--epochs", 3)
-        cls.ck_b3 = torch.load(os.path.join(cls.run_b, "last.pt"), weights_only=False)
+        cls.ck_b3 = convert.load_checkpoint(os.path.join(cls.run_b, "last.pt"))
         cls.out_b = run_tool("train.py", "--config", cls.config, "--out", cls.run_b, "--epochs", EPOCHS,
                              "--resume")
 
@@ -130,12 +131,12 @@ class TestTrainResumeExport(unittest.TestCase):
         self.assertLess(np.mean([loss[e] for e in range(EPOCHS - 2, EPOCHS + 1)]), loss[1])
 
     def test_checkpoints_written(self):
-        ck = torch.load(os.path.join(self.run_a, "last.pt"), weights_only=False)
+        ck = convert.load_checkpoint(os.path.join(self.run_a, "last.pt"))
         self.assertEqual(ck["epoch"], EPOCHS)
         for key in ("model", "aux", "optimizer", "scheduler", "rng", "model_config"):
             self.assertIn(key, ck)
         self.assertEqual(self.ck_b3["epoch"], 3)
-        best = torch.load(os.path.join(self.run_a, "best.pt"), weights_only=False)
+        best = convert.load_checkpoint(os.path.join(self.run_a, "best.pt"))
         self.assertIn(best["epoch"], (4, 8))          # validated every 4 epochs
         self.assertTrue(0.0 <= best["val_miou"] <= 100.0)
 
@@ -146,8 +147,8 @@ class TestTrainResumeExport(unittest.TestCase):
         self.assertEqual(sorted(log_b), list(range(1, EPOCHS + 1)))   # 1-3, then 4-8: no restart
         with open(os.path.join(self.run_b, "log.txt")) as f:
             self.assertEqual(len(re.findall(r"^epoch 1/", f.read(), re.M)), 1)
-        a = torch.load(os.path.join(self.run_a, "last.pt"), weights_only=False)
-        b = torch.load(os.path.join(self.run_b, "last.pt"), weights_only=False)
+        a = convert.load_checkpoint(os.path.join(self.run_a, "last.pt"))
+        b = convert.load_checkpoint(os.path.join(self.run_b, "last.pt"))
         self.assertEqual(b["epoch"], EPOCHS)
         # same data order, dropout masks and Adam moments: the same weights,
         # bit for bit (CPU kernels are deterministic for identical inputs)
@@ -161,7 +162,7 @@ class TestTrainResumeExport(unittest.TestCase):
 
     def test_export_round_trip(self):
         ck_path = os.path.join(self.run_a, "best.pt")
-        ck = torch.load(ck_path, weights_only=False)
+        ck = convert.load_checkpoint(ck_path)
         model = R.MitaSeg(ck["model_config"])
         model.load_state_dict(ck["model"])
         model.eval()
@@ -197,7 +198,7 @@ def first_checkpoint_at_lr0(root, *init_args, model=MODEL):
         json.dump({"model": model, "train": dict(TRAIN, lr=0.0, data_root=os.path.join(root, "data"))}, f)
     run_tool("train.py", "--config", config, "--out", os.path.join(root, "run"), "--epochs", 1,
              "--no-val", *init_args)
-    return torch.load(os.path.join(root, "run", "last.pt"), weights_only=False)["model"]
+    return convert.load_checkpoint(os.path.join(root, "run", "last.pt"))["model"]
 
 
 class TestInitModel(unittest.TestCase):
@@ -255,7 +256,6 @@ class TestInitBackbone(unittest.TestCase):
 
     def test_init_backbone(self):
         from tools.tests.test_convert import timm_vit
-        import convert
         with tempfile.TemporaryDirectory() as root:
             make_dataset(os.path.join(root, "data"), n_train=2, n_val=1)
             torch.manual_seed(0)
@@ -264,7 +264,7 @@ class TestInitBackbone(unittest.TestCase):
             init = os.path.join(root, "init.pt")
             self.assertEqual(convert.main(["timm", src, init, "--num-heads", "2"]), 0)
             got = first_checkpoint_at_lr0(root, "--init-backbone", init)
-            want = torch.load(init, weights_only=False)["state_dict"]
+            want = convert.load_checkpoint(init)["state_dict"]
             for k, v in want.items():
                 if k == "backbone.pos_embed":
                     # as timm resamples (antialias); the class slot goes with the

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from tools.tests import TOOLS_DIR  # noqa: F401  (puts tools/ on sys.path)
+import convert
 import make_splits
 import train as T
 import mitaseg_ref as R
@@ -700,7 +701,7 @@ class TestResumeWithEma(unittest.TestCase):
             run_tool("train.py", "--config", config, "--out", a, "--epochs", 3, "--no-val")
             run_tool("train.py", "--config", config, "--out", b, "--epochs", 2, "--no-val")
             run_tool("train.py", "--config", config, "--out", b, "--epochs", 3, "--no-val", "--resume")
-            ca, cb = torch.load(os.path.join(a, "last.pt"), weights_only=False), torch.load(os.path.join(b, "last.pt"), weights_only=False)
+            ca, cb = (convert.load_checkpoint(os.path.join(d, "last.pt")) for d in (a, b))
             self.assertEqual(ca["ema_updates"], 6)
             self.assertEqual(cb["ema_updates"], 6)
             for k, v in ca["ema"].items():
